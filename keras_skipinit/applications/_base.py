@@ -1,0 +1,80 @@
+"""The keras.applications-style builder shared by every model in the zoo."""
+
+import os
+
+import keras
+
+from keras_skipinit import normalization as norm_lib
+
+POOLINGS = (None, "avg", "max")
+
+
+def _check_input_shape(input_shape, default):
+    if input_shape is None:
+        return default
+    shape = tuple(input_shape)
+    if len(shape) != 3 or any(d is not None and (not isinstance(d, int) or d < 1) for d in shape):
+        raise ValueError(
+            "input_shape must be (height, width, channels) with positive ints "
+            f"(or None for a dynamic spatial size), got {input_shape!r}."
+        )
+    if shape[-1] is None:
+        raise ValueError(f"input_shape must fix the number of channels, got {input_shape!r}.")
+    return shape
+
+
+def build(
+    body_fn,
+    recipe_kwargs,
+    *,
+    include_top,
+    weights,
+    input_tensor,
+    input_shape,
+    pooling,
+    classes,
+    classifier_activation,
+    name,
+    default_input_shape,
+    seed,
+):
+    """Validates the common arguments, resolves the recipe, builds the model.
+
+    ``body_fn(inputs, ops)`` returns the final feature map (after the last
+    activation); the head here is global pooling + the classifier.
+    """
+    if not isinstance(include_top, bool):
+        raise ValueError(f"include_top must be True or False, got {include_top!r}.")
+    if weights is not None and not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
+        raise ValueError(
+            "weights must be None (random initialization) or the path to an existing "
+            f"weights file (.weights.h5), got {weights!r}."
+        )
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
+    if include_top and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
+        raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
+    recipe = norm_lib.resolve(**recipe_kwargs)
+
+    if input_tensor is None:
+        inputs = keras.Input(shape=_check_input_shape(input_shape, default_input_shape))
+        x = inputs
+    elif keras.backend.is_keras_tensor(input_tensor):
+        inputs = keras.utils.get_source_inputs(input_tensor)
+        x = input_tensor
+    else:
+        raise ValueError(f"input_tensor must be a Keras tensor (keras.Input), got {type(input_tensor).__name__}.")
+
+    ops = norm_lib.BlockOps(recipe, seed=seed)
+    x = body_fn(x, ops)
+    if include_top:
+        x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+        x = ops.head(x, classes, classifier_activation)
+    elif pooling == "avg":
+        x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    elif pooling == "max":
+        x = keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
+    model = keras.Model(inputs, x, name=name)
+    if weights is not None:
+        model.load_weights(weights)
+    return model

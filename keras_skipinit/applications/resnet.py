@@ -1,0 +1,166 @@
+"""ResNet-V1 (He et al. 2016a) and ResNet-V2 (He et al. 2016b) bottleneck nets.
+
+The block table is data shared by V1 and V2 and all depths. With
+``normalization="batchnorm"`` the models match keras.applications
+``ResNet50`` / ``ResNet50V2`` layer for layer (parameter counts equal).
+V2 puts the stride in the last block of the first three stages (SkipInit
+App. G, keras.applications); V1 in the first block of the last three stages.
+"""
+
+import keras
+
+from keras_skipinit.applications import _base
+
+BLOCKS_PER_STAGE = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+STAGE_FILTERS = (64, 128, 256, 512)  # bottleneck width; block output is 4x
+EXPANSION = 4
+BRANCH_LAYERS = 3  # Fixup's m for a bottleneck branch
+
+
+def block_specs(depth, version):
+    """(prefix, bottleneck filters, stride) for every residual block."""
+    specs = []
+    for stage, (blocks, filters) in enumerate(zip(BLOCKS_PER_STAGE[depth], STAGE_FILTERS)):
+        for i in range(blocks):
+            if version == 1:
+                stride = 2 if stage > 0 and i == 0 else 1
+            else:
+                stride = 2 if stage < 3 and i == blocks - 1 else 1
+            specs.append((f"conv{stage + 2}_block{i + 1}", filters, stride))
+    return specs
+
+
+def bottleneck_v1(x, ops, filters, stride, prefix):
+    """Post-activation bottleneck: conv-norm-relu x2, conv-norm, add, relu."""
+    if x.shape[-1] != EXPANSION * filters:
+        shortcut = ops.conv(x, EXPANSION * filters, 1, prefix + "_0_conv", strides=stride, bias=True)
+        shortcut = ops.norm(shortcut, prefix + "_0_bn")
+    else:
+        shortcut = x
+    y = ops.conv(x, filters, 1, prefix + "_1_conv", strides=stride, bias=True, role="branch")
+    y = ops.act(ops.norm(y, prefix + "_1_bn"), prefix + "_1_relu")
+    y = ops.conv(y, filters, 3, prefix + "_2_conv", bias=True, role="branch")
+    y = ops.act(ops.norm(y, prefix + "_2_bn"), prefix + "_2_relu")
+    y = ops.conv(y, EXPANSION * filters, 1, prefix + "_3_conv", bias=True, role="last")
+    y = ops.branch_end(ops.norm(y, prefix + "_3_bn"), prefix)
+    x = ops.merge(shortcut, y, prefix, v1=True)
+    return keras.layers.Activation("relu", name=prefix + "_out")(x)
+
+
+def bottleneck_v2(x, ops, filters, stride, prefix):
+    """Pre-activation bottleneck with an identity skip (SkipInit App. G)."""
+    preact = ops.act(ops.norm(x, prefix + "_preact_bn"), prefix + "_preact_relu")
+    if x.shape[-1] != EXPANSION * filters:
+        shortcut = ops.conv(preact, EXPANSION * filters, 1, prefix + "_0_conv", strides=stride, bias=True)
+    elif stride > 1:
+        shortcut = keras.layers.MaxPooling2D(1, strides=stride, name=prefix + "_0_max_pool")(x)
+    else:
+        shortcut = x
+    y = ops.conv(preact, filters, 1, prefix + "_1_conv", role="branch")
+    y = ops.act(ops.norm(y, prefix + "_1_bn"), prefix + "_1_relu")
+    y = ops.conv(y, filters, 3, prefix + "_2_conv", strides=stride, role="branch")
+    y = ops.act(ops.norm(y, prefix + "_2_bn"), prefix + "_2_relu")
+    y = ops.conv(y, EXPANSION * filters, 1, prefix + "_3_conv", bias=True, role="last")
+    y = ops.branch_end(y, prefix)
+    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix))
+
+
+def _body(depth, version):
+    block = bottleneck_v1 if version == 1 else bottleneck_v2
+
+    def body(x, ops):
+        x = ops.conv(x, 64, 7, "conv1_conv", strides=2, bias=True)
+        if version == 1:
+            x = ops.act(ops.norm(x, "conv1_bn"), "conv1_relu")
+        x = keras.layers.ZeroPadding2D(1, name="pool1_pad")(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, name="pool1_pool")(x)
+        for prefix, filters, stride in block_specs(depth, version):
+            x = block(x, ops, filters, stride, prefix)
+        if version == 2:
+            x = ops.act(ops.norm(x, "post_bn"), "post_relu")
+        return x
+
+    return body
+
+
+def ResNet(
+    depth,
+    version,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    *,
+    normalization="batchnorm",
+    virtual_batch_size=None,
+    alpha_init=None,
+    dropout_rate=None,
+    use_bias=None,
+    seed=None,
+):
+    """A bottleneck ResNet of `depth` (50, 101, 152), `version` 1 or 2.
+
+    Args follow keras.applications; in addition:
+      normalization: one of `keras_skipinit.normalization.NORMALIZATIONS`.
+      virtual_batch_size: ghost batch size for 'ghost_batchnorm' (default
+        256, the paper's ImageNet value, §5).
+      alpha_init: SkipInit alpha: a float or 'zero' (default), 'one',
+        'inv_sqrt_depth' (1/sqrt(d), d = number of residual blocks).
+      dropout_rate: dropout before the classifier (default 0.2 for
+        'regularized_skipinit', the paper's ImageNet value; 0 otherwise).
+      use_bias: force biases on (True) or off (False) in every conv; default:
+        keras.applications' choice, all convs for 'regularized_skipinit'
+        (§5), none for 'fixup' (scalar biases instead).
+      seed: seed for the weight initializers (reproducible models).
+    """
+    if depth not in BLOCKS_PER_STAGE:
+        raise ValueError(f"ResNet depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}.")
+    if version not in (1, 2):
+        raise ValueError(f"ResNet version must be 1 or 2, got {version!r}.")
+    recipe_kwargs = dict(
+        normalization=normalization,
+        num_blocks=sum(BLOCKS_PER_STAGE[depth]),
+        branch_layers=BRANCH_LAYERS,
+        virtual_batch_size=virtual_batch_size,
+        default_virtual_batch_size=256,
+        alpha_init=alpha_init,
+        use_bias=use_bias,
+        dropout_rate=dropout_rate,
+        default_regularized_dropout=0.2,
+        v1=version == 1,
+    )
+    return _base.build(
+        _body(depth, version),
+        recipe_kwargs,
+        include_top=include_top,
+        weights=weights,
+        input_tensor=input_tensor,
+        input_shape=input_shape,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        name=name or f"resnet{depth}v{version}",
+        default_input_shape=(224, 224, 3),
+        seed=seed,
+    )
+
+
+def _variant(depth, version):
+    def constructor(*args, **kwargs):
+        return ResNet(depth, version, *args, **kwargs)
+
+    constructor.__name__ = constructor.__qualname__ = f"ResNet{depth}V{version}"
+    constructor.__doc__ = f"ResNet-{depth} V{version}; arguments as `ResNet` (without depth, version)."
+    return constructor
+
+
+ResNet50V1 = _variant(50, 1)
+ResNet101V1 = _variant(101, 1)
+ResNet152V1 = _variant(152, 1)
+ResNet50V2 = _variant(50, 2)
+ResNet101V2 = _variant(101, 2)
+ResNet152V2 = _variant(152, 2)

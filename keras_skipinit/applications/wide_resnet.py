@@ -1,0 +1,108 @@
+"""Wide-ResNet n-k (Zagoruyko & Komodakis 2016), CIFAR style.
+
+A 3x3 stem with 16 channels, then 3 groups of (n - 4) / 6 pre-activation basic
+blocks of widths 16k, 32k, 64k (strides 1, 2, 2), then norm-ReLU, global
+average pooling and the classifier. The SkipInit paper trains n-2 for n in
+{16, 100, 1000}, 16-4 and 28-10 (§2.3, §3, App. E).
+"""
+
+import keras
+
+from keras_skipinit.applications import _base
+
+GROUP_WIDTHS = (16, 32, 64)
+GROUP_STRIDES = (1, 2, 2)
+BRANCH_LAYERS = 2  # Fixup's m for a basic block
+
+
+def blocks_per_group(depth):
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 10 or (depth - 4) % 6:
+        raise ValueError(f"WideResNet depth must be 6k+4 with k >= 1 (10, 16, 22, 28, ..., 1000, ...), got {depth!r}.")
+    return (depth - 4) // 6
+
+
+def block_specs(depth, width):
+    """(prefix, filters, stride) for every residual block."""
+    n = blocks_per_group(depth)
+    return [
+        (f"group{g + 1}_block{i + 1}", base * width, stride if i == 0 else 1)
+        for g, (base, stride) in enumerate(zip(GROUP_WIDTHS, GROUP_STRIDES))
+        for i in range(n)
+    ]
+
+
+def basic_block(x, ops, filters, stride, prefix):
+    """Pre-activation basic block: (norm-ReLU-conv3x3) x2 + skip."""
+    preact = ops.act(ops.norm(x, prefix + "_preact_bn"), prefix + "_preact_relu")
+    if x.shape[-1] != filters or stride != 1:
+        shortcut = ops.conv(preact, filters, 1, prefix + "_0_conv", strides=stride)
+    else:
+        shortcut = x
+    y = ops.conv(preact, filters, 3, prefix + "_1_conv", strides=stride, role="branch")
+    y = ops.act(ops.norm(y, prefix + "_1_bn"), prefix + "_1_relu")
+    y = ops.conv(y, filters, 3, prefix + "_2_conv", role="last")
+    y = ops.branch_end(y, prefix)
+    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix))
+
+
+def WideResNet(
+    depth=16,
+    width=2,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=10,
+    classifier_activation="softmax",
+    name=None,
+    *,
+    normalization="batchnorm",
+    virtual_batch_size=None,
+    alpha_init=None,
+    dropout_rate=None,
+    use_bias=None,
+    seed=None,
+):
+    """Wide-ResNet `depth`-`width` (depth = 6k+4, any k: 1000+ layers work).
+
+    Arguments as `keras_skipinit.applications.ResNet`, with CIFAR defaults:
+    input (32, 32, 3), 10 classes, ghost batch 64 (§3), dropout 0.6 for
+    'regularized_skipinit' (§4); convs have no bias unless `use_bias` or the
+    method asks for them.
+    """
+    specs = block_specs(depth, width)
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"WideResNet width must be a positive int, got {width!r}.")
+
+    def body(x, ops):
+        x = ops.conv(x, GROUP_WIDTHS[0], 3, "stem_conv")
+        for prefix, filters, stride in specs:
+            x = basic_block(x, ops, filters, stride, prefix)
+        return ops.act(ops.norm(x, "post_bn"), "post_relu")
+
+    recipe_kwargs = dict(
+        normalization=normalization,
+        num_blocks=len(specs),
+        branch_layers=BRANCH_LAYERS,
+        virtual_batch_size=virtual_batch_size,
+        default_virtual_batch_size=64,
+        alpha_init=alpha_init,
+        use_bias=use_bias,
+        dropout_rate=dropout_rate,
+        default_regularized_dropout=0.6,
+    )
+    return _base.build(
+        body,
+        recipe_kwargs,
+        include_top=include_top,
+        weights=weights,
+        input_tensor=input_tensor,
+        input_shape=input_shape,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        name=name or f"wide_resnet{depth}_{width}",
+        default_input_shape=(32, 32, 3),
+        seed=seed,
+    )

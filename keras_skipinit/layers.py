@@ -1,0 +1,203 @@
+"""Layers for training residual networks with or without normalization.
+
+- `SkipInitScale`: the learnable scalar at the end of a residual branch
+  (SkipInit, De & Smith 2020, §2.2); with `initial_value=1` it is also Fixup's
+  per-branch scalar multiplier (Fixup rule 3, Zhang et al. 2019, §3).
+- `FixupBias`: one learnable scalar bias (Fixup rule 3; SkipInit App. F).
+- `GhostBatchNormalization`: batch norm over virtual batches (SkipInit App. A
+  and §3; Hoffer et al. 2017).
+- `fixup_kernel_initializer`: He init scaled by L^(-1/(2m-2)) (Fixup rule 2).
+"""
+
+import math
+import numbers
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+_PACKAGE = "keras_skipinit"
+
+
+def _check_finite_number(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}.")
+    return float(value)
+
+
+class _ScalarParameter(keras.layers.Layer):
+    """One learnable scalar (shape ``()``) combined element-wise with the input."""
+
+    weight_name = "value"
+
+    def __init__(self, initial_value=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.initial_value = _check_finite_number("initial_value", initial_value)
+
+    def build(self, input_shape):
+        self.value = self.add_weight(
+            shape=(),
+            name=self.weight_name,
+            initializer=keras.initializers.Constant(self.initial_value),
+            trainable=True,
+        )
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "initial_value": self.initial_value}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class SkipInitScale(_ScalarParameter):
+    """Multiplies its input by one learnable scalar ``alpha``.
+
+    SkipInit (§2.2): "include a learnable scalar multiplier at the end of each
+    residual branch, initialized to alpha"; the paper recommends alpha = 0
+    (the block is the identity at init) and shows 1/sqrt(d) also trains, d
+    being the number of residual blocks (Table 1). With ``initial_value=1.0``
+    this is Fixup's scalar multiplier (rule 3).
+    """
+
+    weight_name = "alpha"
+
+    def call(self, inputs):
+        return inputs * ops.cast(self.value, inputs.dtype)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class FixupBias(_ScalarParameter):
+    """Adds one learnable scalar bias (init 0).
+
+    Fixup rule 3 places one before each convolution, linear layer and
+    activation; SkipInit App. F places one after the merge of a ResNet-V1
+    block, before its final ReLU.
+    """
+
+    weight_name = "bias"
+
+    def call(self, inputs):
+        return inputs + ops.cast(self.value, inputs.dtype)
+
+
+def fixup_kernel_initializer(num_branches, branch_layers, seed=None):
+    """He-normal initializer scaled by ``L^(-1/(2m-2))`` (Fixup rule 2, §3).
+
+    L is the number of residual branches, m the number of weight layers in a
+    branch. The result is a plain `VarianceScaling` (fan-in, untruncated
+    normal), so the standard deviation is ``sqrt(2/fan_in) * L^(-1/(2m-2))``.
+    """
+    if not isinstance(num_branches, int) or num_branches < 1:
+        raise ValueError(f"num_branches must be a positive int, got {num_branches!r}.")
+    if not isinstance(branch_layers, int) or branch_layers < 2:
+        raise ValueError(
+            f"branch_layers (m) must be an int >= 2 for Fixup's L^(-1/(2m-2)), got {branch_layers!r}."
+        )
+    multiplier = num_branches ** (-1.0 / (2 * branch_layers - 2))
+    return keras.initializers.VarianceScaling(
+        scale=2.0 * multiplier**2,
+        mode="fan_in",
+        distribution="untruncated_normal",
+        seed=seed,
+    )
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class GhostBatchNormalization(keras.layers.BatchNormalization):
+    """Batch normalization with statistics over virtual ("ghost") batches.
+
+    SkipInit App. A / §3 and Hoffer et al. (2017): in training, the batch is
+    split into consecutive groups of ``virtual_batch_size`` examples and each
+    group is normalized by its own per-channel mean and (biased) variance.
+    If the batch size is not a multiple of ``virtual_batch_size``, the last
+    ghost batch holds the remaining ``batch % virtual_batch_size`` examples and
+    is normalized by its own statistics (a batch smaller than the ghost size is
+    one ghost batch). The moving mean and variance are updated with the
+    example-weighted average of the ghost means and of the ghost variances;
+    inference uses the moving statistics, as in `BatchNormalization`.
+
+    Ghost batches are formed from the examples a replica sees, so under
+    `tf.distribute` strategies the statistics are replica-local and do not
+    depend on the number of replicas (as long as each replica's batch is a
+    multiple of the ghost size); the moving-statistic updates are averaged over
+    replicas. Statistics are computed in float32 under mixed precision. With
+    ``virtual_batch_size=None`` the layer is plain `BatchNormalization`.
+    Only channels-last normalization (``axis=-1``) is supported.
+    """
+
+    def __init__(self, virtual_batch_size=None, axis=-1, **kwargs):
+        if virtual_batch_size is not None and (
+            isinstance(virtual_batch_size, bool)
+            or not isinstance(virtual_batch_size, numbers.Integral)
+            or virtual_batch_size < 1
+        ):
+            raise ValueError(
+                "virtual_batch_size must be a positive int or None, "
+                f"got {virtual_batch_size!r}."
+            )
+        if axis != -1:
+            raise ValueError(f"GhostBatchNormalization supports axis=-1 (channels last) only, got axis={axis!r}.")
+        if kwargs.get("renorm") or kwargs.get("synchronized"):
+            raise ValueError("GhostBatchNormalization does not support renorm or synchronized statistics.")
+        super().__init__(axis=axis, **kwargs)
+        self.virtual_batch_size = None if virtual_batch_size is None else int(virtual_batch_size)
+
+    def add_weight(self, *args, **kwargs):
+        # Moving statistics are updated per replica; average the updates.
+        if kwargs.get("trainable") is False:
+            kwargs.setdefault("aggregation", "mean")
+        return super().add_weight(*args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        if mask is not None:
+            raise ValueError("GhostBatchNormalization does not support masks.")
+        if not (training and self.trainable and self.virtual_batch_size):
+            return super().call(inputs, training=training)
+        x = tf.cast(inputs, "float32")
+        outputs, mean, variance = self._ghost_normalize(x)
+        momentum = self.momentum
+        self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
+        self.moving_variance.assign(self.moving_variance * momentum + variance * (1.0 - momentum))
+        return ops.cast(outputs, self.compute_dtype)
+
+    def _ghost_normalize(self, x):
+        """Normalizes each ghost batch of `x` (float32, channels last).
+
+        Returns the output and the example-weighted averages of the ghost
+        means and ghost variances, each of shape ``(channels,)``.
+        """
+        rank = len(x.shape)
+        ghost = self.virtual_batch_size
+        batch = tf.shape(x)[0]
+        inner_shape = tf.shape(x)[1:]
+        num_ghost = (batch + ghost - 1) // ghost
+        padded = tf.pad(x, [[0, num_ghost * ghost - batch]] + [[0, 0]] * (rank - 1))
+        grouped = tf.reshape(padded, tf.concat([[num_ghost, ghost], inner_shape], 0))
+        valid = tf.reshape(
+            tf.cast(tf.sequence_mask(batch, num_ghost * ghost), "float32"),
+            [num_ghost, ghost] + [1] * (rank - 1),
+        )
+        axes = list(range(1, rank))  # ghost-batch axis and spatial axes
+        positions = tf.cast(tf.reduce_prod(inner_shape[:-1]), "float32")
+        count = tf.reduce_sum(valid, axis=1, keepdims=True) * positions
+        mean = tf.reduce_sum(grouped * valid, axes, keepdims=True) / count
+        centered = (grouped - mean) * valid
+        variance = tf.reduce_sum(tf.square(centered), axes, keepdims=True) / count
+        normalized = centered * tf.math.rsqrt(variance + self.epsilon)
+        if self.scale:
+            normalized = normalized * tf.cast(self.gamma, "float32")
+        if self.center:
+            normalized = normalized + tf.cast(self.beta, "float32")
+        outputs = tf.ensure_shape(tf.reshape(normalized, tf.shape(padded))[:batch], x.shape)
+        weights = count / tf.reduce_sum(count)
+        flat = [num_ghost, -1]
+        mean_avg = tf.reduce_sum(tf.reshape(mean * weights, flat), axis=0)
+        variance_avg = tf.reduce_sum(tf.reshape(variance * weights, flat), axis=0)
+        return outputs, mean_avg, variance_avg
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("renorm", "renorm_clipping", "renorm_momentum", "synchronized"):
+            config.pop(key, None)
+        return {**config, "virtual_batch_size": self.virtual_batch_size}

