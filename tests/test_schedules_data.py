@@ -1,0 +1,165 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_skipinit import data, schedules
+
+# --- schedules ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "epoch,expected",
+    [(0, 1.0), (99.9, 1.0), (100, 0.5), (109.9, 0.5), (110, 0.25), (150, 2**-6), (199.9, 2**-10)],
+)
+def test_cifar_schedule_matches_paper(epoch, expected):
+    # SkipInit §2.3: constant for 100 of 200 epochs, then halved every 10.
+    assert schedules.lr_at_epoch("cifar", epoch, 1.0, 200) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "epoch,expected",
+    [(0, 0.0), (2.5, 0.5), (5, 1.0), (44.9, 1.0), (45, 0.5), (50, 0.25), (89.9, 2**-9)],
+)
+def test_imagenet_schedule_matches_paper(epoch, expected):
+    # SkipInit §5: warm-up from 0 over 5 epochs, constant 40, halve every 5.
+    assert schedules.lr_at_epoch("imagenet", epoch, 1.0, 90) == pytest.approx(expected)
+
+
+def test_schedules_scale_with_epochs():
+    # 20 epochs: constant for 10, then halved every epoch.
+    assert schedules.lr_at_epoch("cifar", 9.9, 0.4, 20) == pytest.approx(0.4)
+    assert schedules.lr_at_epoch("cifar", 10, 0.4, 20) == pytest.approx(0.2)
+    assert schedules.lr_at_epoch("cifar", 12, 0.4, 20) == pytest.approx(0.05)
+    # 9 epochs of ImageNet: warm-up 0.5, constant until 4.5, halve every 0.5.
+    assert schedules.lr_at_epoch("imagenet", 0.25, 1.0, 9) == pytest.approx(0.5)
+    assert schedules.lr_at_epoch("imagenet", 4.5, 1.0, 9) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("kind", schedules.SCHEDULES)
+def test_keras_schedule_equals_reference_at_every_step(kind):
+    steps_per_epoch, epochs = 7, 20
+    sched = schedules.PaperSchedule(kind, 0.3, steps_per_epoch, epochs)
+    steps = np.arange(steps_per_epoch * epochs)
+    got = np.array([float(sched(s)) for s in steps])
+    want = np.array([schedules.lr_at_epoch(kind, s / steps_per_epoch, 0.3, epochs) for s in steps])
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    clone = schedules.PaperSchedule.from_config(sched.get_config())
+    assert float(clone(50)) == float(sched(50))
+
+
+def test_unknown_schedule_is_rejected():
+    with pytest.raises(ValueError, match="cifar"):
+        schedules.PaperSchedule("cosine", 0.1, 10, 10)
+
+
+# --- augmentation ------------------------------------------------------------------
+
+
+def test_cifar_augmentation_is_a_crop_of_the_padded_standardized_image():
+    image = tf.constant(np.random.default_rng(0).integers(0, 255, (32, 32, 3)), tf.uint8)
+    standardized = tf.image.per_image_standardization(image).numpy()
+    padded = np.pad(standardized, ((4, 4), (4, 4), (0, 0)))
+    seen_flip = seen_shift = False
+    for index in range(20):
+        key = data._element_seed(0, 0, index)
+        out = data.cifar_train_preprocess(image, key, flip=True).numpy()
+        assert out.shape == (32, 32, 3)
+        matches = [
+            (dy, dx, f)
+            for dy in range(9)
+            for dx in range(9)
+            for f in (False, True)
+            if np.allclose(out, (padded[dy : dy + 32, dx : dx + 32, :][:, ::-1] if f else padded[dy : dy + 32, dx : dx + 32]))
+        ]
+        assert matches, "output is not a (flipped) crop of the padded image"
+        seen_flip |= any(f for _, _, f in matches)
+        seen_shift |= any((dy, dx) != (4, 4) for dy, dx, _ in matches)
+        again = data.cifar_train_preprocess(image, key, flip=True).numpy()
+        np.testing.assert_array_equal(out, again)  # stateless: same key, same output
+    assert seen_flip and seen_shift
+    np.testing.assert_allclose(standardized.mean(), 0, atol=1e-5)
+    np.testing.assert_allclose(standardized.std(), 1, atol=1e-3)
+
+
+def test_no_flip_for_digits():
+    image = tf.constant(np.arange(28 * 28).reshape(28, 28, 1) % 255, tf.uint8)
+    standardized = tf.image.per_image_standardization(image).numpy()
+    for index in range(10):
+        out = data.cifar_train_preprocess(image, data._element_seed(1, 0, index), flip=False).numpy()
+        padded = np.pad(standardized, ((4, 4), (4, 4), (0, 0)))
+        assert any(np.allclose(out, padded[dy : dy + 28, dx : dx + 28]) for dy in range(9) for dx in range(9))
+
+
+def test_imagenet_preprocessing_shapes_and_center_crop():
+    image = tf.constant(np.random.default_rng(0).integers(0, 255, (300, 400, 3)), tf.uint8)
+    train = data.imagenet_train_preprocess(image, data._element_seed(0, 0, 0))
+    assert train.shape == (224, 224, 3)
+    evaluated = data.imagenet_eval_preprocess(image).numpy()
+    assert evaluated.shape == (224, 224, 3)
+    # Shorter side resized 300 -> 256 (400 -> 341), then the central 224x224.
+    resized = tf.image.resize(image, [256, 341]).numpy()
+    top, left = (256 - 224) // 2, (341 - 224) // 2
+    want = (resized[top : top + 224, left : left + 224] - data.IMAGENET_MEAN) / data.IMAGENET_STD
+    np.testing.assert_allclose(evaluated, want, atol=1e-4)
+
+
+def test_mixup_is_a_convex_combination_with_reversed_batch():
+    images = tf.constant(np.random.default_rng(0).normal(size=(4, 2, 2, 1)), tf.float32)
+    labels = tf.one_hot([0, 1, 2, 3], 4)
+    mixed, mixed_labels = data.mixup(images, labels, data._element_seed(0, 0, 0), alpha=0.7)
+    lam = float(mixed_labels[0, 0])
+    assert 0 <= lam <= 1
+    np.testing.assert_allclose(mixed, lam * images + (1 - lam) * images[::-1], atol=1e-6)
+    np.testing.assert_allclose(tf.reduce_sum(mixed_labels, -1), 1, atol=1e-6)
+
+
+# --- datasets ----------------------------------------------------------------------
+
+
+def test_embedded_mnist_split_is_fixed_stratified_and_disjoint():
+    (xtr, ytr), (xte, yte) = data.embedded_mnist()
+    assert xtr.shape == (4000, 28, 28, 1) and xte.shape == (1000, 28, 28, 1)
+    assert np.all(np.bincount(yte) == 100)
+    (xtr2, _), (xte2, _) = data.embedded_mnist()
+    np.testing.assert_array_equal(xte, xte2)
+    train_rows = {row.tobytes() for row in xtr.reshape(len(xtr), -1)}
+    assert not any(row.tobytes() in train_rows for row in xte.reshape(len(xte), -1))
+
+
+def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
+    ds = data.load(data.EMBEDDED)
+    a = list(data.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
+    b = list(data.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
+    c = list(data.train_pipeline(ds, 32, epoch=4, seed=1).take(1))
+    skipped = list(data.train_pipeline(ds, 32, epoch=3, seed=1, skip_batches=2).take(2))
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(xa, xb)
+    np.testing.assert_array_equal(skipped[0][0], a[2][0])
+    assert not np.array_equal(a[0][0], c[0][0])
+    assert a[0][0].shape == (32, 28, 28, 1) and a[0][1].shape == (32, 10)
+
+
+def test_tfds_cifar10_pipeline_with_mock_data():
+    with tfds.testing.mock_data(num_examples=64):
+        ds = data.load("cifar10")
+        assert (ds.style, ds.num_classes, ds.input_shape, ds.flip) == ("cifar", 10, (32, 32, 3), True)
+        x, y = next(iter(data.train_pipeline(ds, 16, epoch=0)))
+        assert x.shape == (16, 32, 32, 3) and y.shape == (16, 10)
+        xe, _ = next(iter(data.eval_pipeline(ds, 8)))
+        np.testing.assert_allclose(np.mean(xe.numpy(), axis=(1, 2, 3)), 0, atol=1e-4)
+
+
+def test_tfds_imagenet_pipeline_with_mock_data():
+    with tfds.testing.mock_data(num_examples=4):
+        ds = data.load("imagenet2012")
+        assert ds.style == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
+        x, y = next(iter(data.train_pipeline(ds, 2, epoch=0)))
+        assert x.shape == (2, 224, 224, 3) and y.shape == (2, 1000)
+
+
+def test_non_classification_dataset_is_rejected():
+    with tfds.testing.mock_data(num_examples=2):
+        with pytest.raises(ValueError, match="image classification"):
+            data.load("glue/cola")
