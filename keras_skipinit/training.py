@@ -8,8 +8,9 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
 - Large batches from small ghost batches by gradient accumulation (§3).
 - Fixup's 10x lower learning rate for scalar multipliers and biases
   (`scalar_lr_multiplier`; exact for SGD with momentum, see `ScalarLRSGD`).
-- MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy when
-  TF_CONFIG is set.
+- MirroredStrategy over visible GPUs. Multi-worker training is refused with
+  a clear error until Keras 3's fit works under MultiWorkerMirroredStrategy
+  (keras-team/keras#20585).
 - Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
   resumes at the step it stopped, with the same data order.
 - A non-finite loss stops training at once; the run is recorded as diverged.
@@ -97,9 +98,16 @@ def validate(config):
         )
 
 
+MULTI_WORKER_UNSUPPORTED = (
+    "multi-worker training (TF_CONFIG / --strategy=multi_worker) is not supported yet: Keras 3's "
+    "model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); use one machine "
+    "with MirroredStrategy over its GPUs"
+)
+
+
 def make_strategy(name):
     if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        raise ValueError(MULTI_WORKER_UNSUPPORTED)
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_logical_devices("GPU") else "/gpu:0")
     gpus = tf.config.list_logical_devices("GPU")
@@ -108,15 +116,6 @@ def make_strategy(name):
     if name == "mirrored" or len(gpus) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
-
-
-def is_chief(strategy):
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.cluster_spec().as_dict():
-        return True
-    return resolver.task_type in (None, "chief") or (
-        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().jobs
-    )
 
 
 def build_model(config, dataset):
@@ -173,15 +172,12 @@ class Checkpoint:
     """Weights + optimizer state and the position in training, written
     atomically (a kill mid-write leaves the previous checkpoint intact)."""
 
-    def __init__(self, directory, write=True):
+    def __init__(self, directory):
         self.directory = directory
         self.weights = os.path.join(directory, "ckpt.weights.h5")
         self.state = os.path.join(directory, "state.json")
-        self.write = write
 
     def save(self, model, epoch, step_in_epoch):
-        if not self.write:
-            return
         os.makedirs(self.directory, exist_ok=True)
         tmp = os.path.join(self.directory, "tmp.weights.h5")
         model.save_weights(tmp)
@@ -226,8 +222,7 @@ def train(config):
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
     strategy = make_strategy(config.strategy)
-    chief = is_chief(strategy)
-    model_dir = config.model_dir if chief else os.path.join(config.model_dir, f"worker_tmp_{os.getpid()}")
+    model_dir = config.model_dir
     os.makedirs(model_dir, exist_ok=True)
 
     dataset = data_lib.load(config.dataset, config.data_dir)
@@ -266,7 +261,7 @@ def train(config):
             ],
             jit_compile=config.xla,
         )
-    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), write=chief)
+    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"))
     epoch, skip = checkpoint.restore(model)
     if epoch or skip:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({checkpoint.directory}).", flush=True)
@@ -294,7 +289,7 @@ def train(config):
         epoch, skip = epoch + 1, 0
         checkpoint.save(model, epoch, 0)
         row = {"epoch": epoch, "lr": _current_lr(model), **{k: v[-1] for k, v in history.history.items()}}
-        _append_csv(history_path, row, chief)
+        _append_csv(history_path, row)
 
     if diverged:
         print(
@@ -321,13 +316,12 @@ def train(config):
         "num_test": dataset.num_test,
         "config": dataclasses.asdict(config),
     }
-    if chief:
-        if not diverged:
-            model.save(os.path.join(model_dir, "model.keras"))
-            if config.export_dir:
-                model.export(config.export_dir, format="tf_saved_model")
-        with open(os.path.join(model_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, default=_json_default)
+    if not diverged:
+        model.save(os.path.join(model_dir, "model.keras"))
+        if config.export_dir:
+            model.export(config.export_dir, format="tf_saved_model")
+    with open(os.path.join(model_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=_json_default)
     return results
 
 
@@ -341,9 +335,7 @@ def _current_lr(model):
     return float(model.optimizer.learning_rate)  # evaluates the schedule at the current step
 
 
-def _append_csv(path, row, write):
-    if not write:
-        return
+def _append_csv(path, row):
     new = not os.path.exists(path)
     with open(path, "a") as f:
         if new:
