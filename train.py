@@ -33,6 +33,7 @@ flags.DEFINE_string(
     "alpha_init", None, "SkipInit alpha init: a float or zero|one|inv_sqrt_depth (default zero)."
 )
 flags.DEFINE_integer("ghost_batch_size", None, "Ghost batch size for ghost_batchnorm (default 64 WRN, 256 ResNet).")
+flags.DEFINE_float("nf_beta", None, "NF-ResNet branch scale beta for normalization=nf (default 0.2).")
 flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, else 0).")
 flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...")
 flags.DEFINE_string("data_dir", None, "TFDS data directory.")

@@ -7,6 +7,8 @@
 - `GhostBatchNormalization`: batch norm over virtual batches (SkipInit App. A
   and §3; Hoffer et al. 2017).
 - `fixup_kernel_initializer`: He init scaled by L^(-1/(2m-2)) (Fixup rule 2).
+- `ScaledWSConv2D`: scaled weight-standardized conv of NF-ResNets (Brock et
+  al. 2021a; the NF-ResNet blog seed).
 """
 
 import math
@@ -201,3 +203,60 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
         for key in ("renorm", "renorm_clipping", "renorm_momentum", "synchronized"):
             config.pop(key, None)
         return {**config, "virtual_batch_size": self.virtual_batch_size}
+
+
+# ReLU gain that maps N(0, 1) inputs to unit-variance outputs:
+# Var(relu(z)) = (1 - 1/pi) / 2, so gamma = sqrt(2 / (1 - 1/pi)) (Brock et al. 2021a, §4).
+NF_RELU_GAMMA = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class ScaledWSConv2D(keras.layers.Conv2D):
+    """Conv2D with Scaled Weight Standardization (NF-ResNets, Brock et al. 2021a).
+
+    The kernel used is ``gain * (W - mean(W)) / (std(W) * sqrt(fan_in))`` with
+    mean and std per output channel and a learnable per-channel ``gain``
+    (init 1). Centred weights make every output zero-mean and, for
+    unit-variance inputs, unit-variance, so the residual branch preserves
+    variance and the analytic bookkeeping of NF-ResNets holds (the centred
+    weight normalization of the NF-ResNet blog).
+    """
+
+    def __init__(self, *args, eps=1e-4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.eps = float(eps)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.gain = self.add_weight(shape=(self.filters,), name="gain", initializer="ones", trainable=True)
+
+    def standardized_kernel(self):
+        kernel = ops.cast(self.kernel, "float32")
+        fan_in = float(math.prod(kernel.shape[:-1]))
+        mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        var = ops.var(kernel, axis=(0, 1, 2), keepdims=True)
+        scale = ops.rsqrt(ops.maximum(var * fan_in, self.eps)) * ops.cast(self.gain, "float32")
+        return (kernel - mean) * scale
+
+    def call(self, inputs):
+        kernel = ops.cast(self.standardized_kernel(), inputs.dtype)
+        outputs = self.convolution_op(inputs, kernel)
+        if self.use_bias:
+            outputs = outputs + ops.cast(self.bias, outputs.dtype)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    # Conv2D saves only kernel and bias; the gain goes after them.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        if self.built:
+            store[str(2 if self.use_bias else 1)] = self.gain
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        if self.built:
+            self.gain.assign(store[str(2 if self.use_bias else 1)])
+
+    def get_config(self):
+        return {**super().get_config(), "eps": self.eps}

@@ -14,6 +14,7 @@ blocks in `applications/` never branch on method names.
 | fixup                  | Fixup §3, rules 1-3        |
 | sqrt2                  | SkipInit §2.1, Table 1     |
 | none                   | SkipInit §2.1              |
+| nf                     | NF-ResNets (Brock et al. 2021a; blog seed) |
 """
 
 import dataclasses
@@ -32,6 +33,7 @@ NORMALIZATIONS = (
     "fixup",
     "sqrt2",
     "none",
+    "nf",
 )
 ALPHA_INIT_NAMES = {"zero": 0.0, "one": 1.0, "inv_sqrt_depth": None}
 
@@ -50,6 +52,7 @@ class Recipe:
     merge_scale: float = 1.0  # 1/sqrt(2) for the sqrt2 baseline
     v1_merge_bias: bool = False  # SkipInit App. F scalar bias before the final ReLU
     fixup: bool = False
+    nf_beta: float | None = None  # NF-ResNet branch scale beta; None: not an NF model
 
     @property
     def normalized(self):
@@ -81,6 +84,7 @@ def resolve(
     dropout_rate=None,
     default_regularized_dropout,
     v1=False,
+    nf_beta=None,
 ):
     """Validates the method options and returns the `Recipe` for a model."""
     if normalization not in NORMALIZATIONS:
@@ -96,6 +100,10 @@ def resolve(
             "alpha_init applies only to normalization='skipinit' or 'regularized_skipinit', "
             f"got normalization={normalization!r}."
         )
+    if nf_beta is not None and normalization != "nf":
+        raise ValueError(f"nf_beta applies only to normalization='nf', got normalization={normalization!r}.")
+    if normalization == "nf" and v1:
+        raise ValueError("normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, not ResNet-V1.")
     if use_bias is not None and not isinstance(use_bias, bool):
         raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
     if dropout_rate is not None:
@@ -119,6 +127,12 @@ def resolve(
         options["conv_bias"] = False  # Fixup footnote 3: scalar biases replace per-channel ones
     if normalization == "sqrt2":
         options["merge_scale"] = 1.0 / math.sqrt(2.0)
+    if normalization == "nf":
+        beta = ksl._check_finite_number("nf_beta", 0.2 if nf_beta is None else nf_beta)
+        if beta <= 0:
+            raise ValueError(f"nf_beta must be > 0, got {beta}.")
+        options["nf_beta"] = beta
+        options["conv_bias"] = True
     if use_bias is not None:
         options["conv_bias"] = use_bias
     if dropout_rate is not None:
@@ -139,6 +153,9 @@ class BlockOps:
         self.recipe = recipe
         self._seed = seed
         self._count = 0
+        # NF-ResNets: analytic Var[x] of the signal entering the next block,
+        # for unit-variance inputs (the stem's WS conv preserves variance).
+        self.expected_var = 1.0
 
     def _init_seed(self):
         if self._seed is None:
@@ -156,10 +173,24 @@ class BlockOps:
         return x
 
     def act(self, x, name):
-        """ReLU, preceded by a scalar bias under Fixup (rule 3)."""
+        """ReLU, preceded by a scalar bias under Fixup (rule 3); scaled by
+        gamma = sqrt(2/(1-1/pi)) for NF-ResNets (unit-variance output)."""
         if self.recipe.fixup:
             x = ksl.FixupBias(name=name + "_bias")(x)
-        return keras.layers.Activation("relu", name=name)(x)
+        x = keras.layers.Activation("relu", name=name)(x)
+        if self.recipe.nf_beta is not None:
+            x = keras.layers.Rescaling(ksl.NF_RELU_GAMMA, name=name + "_gamma")(x)
+        return x
+
+    def preact(self, x, norm_name, act_name):
+        """Pre-activation of a block input: norm-ReLU; for NF-ResNets the
+        norm is the analytic ``alpha = 1/sqrt(Var[x])`` (blog: y = x + beta
+        f(alpha x))."""
+        if self.recipe.nf_beta is not None:
+            x = keras.layers.Rescaling(1.0 / math.sqrt(self.expected_var), name=norm_name + "_nf_alpha")(x)
+        else:
+            x = self.norm(x, norm_name)
+        return self.act(x, act_name)
 
     def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain"):
         """Conv2D with the paper's fixed padding for strided convs (App. G).
@@ -178,6 +209,9 @@ class BlockOps:
             initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed())
         elif r.fixup and role == "last":
             initializer = "zeros"
+        conv = keras.layers.Conv2D
+        if r.nf_beta is not None:
+            conv, initializer = ksl.ScaledWSConv2D, keras.initializers.RandomNormal(seed=self._init_seed())
         padding = "same"
         if strides > 1 and kernel_size > 1:
             pad_total = kernel_size - 1
@@ -185,7 +219,7 @@ class BlockOps:
                 ((pad_total // 2, pad_total - pad_total // 2),) * 2, name=name + "_pad"
             )(x)
             padding = "valid"
-        return keras.layers.Conv2D(
+        return conv(
             filters,
             kernel_size,
             strides=strides,
@@ -204,12 +238,20 @@ class BlockOps:
         elif r.fixup:
             x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
             x = ksl.FixupBias(name=name + "_fixup_bias")(x)
+        elif r.nf_beta is not None:
+            x = keras.layers.Rescaling(r.nf_beta, name=name + "_nf_beta")(x)
         return keras.layers.Identity(name=name + "_branch_out")(x)
 
-    def merge(self, shortcut, branch, name, v1=False):
+    def merge(self, shortcut, branch, name, v1=False, projected=False):
         """x + f(x); divided by sqrt(2) for the sqrt2 baseline (SkipInit §2.1);
-        on ResNet-V1, SkipInit's scalar bias after the merge (App. F)."""
+        on ResNet-V1, SkipInit's scalar bias after the merge (App. F).
+
+        NF-ResNets: Var[x_{l+1}] = Var[x_l] + beta^2, reset to 1 + beta^2 at
+        a transition block, whose `projected` shortcut sees alpha * x too.
+        """
         r = self.recipe
+        if r.nf_beta is not None:
+            self.expected_var = (1.0 if projected else self.expected_var) + r.nf_beta**2
         x = keras.layers.Add(name=name + "_add")([shortcut, branch])
         if r.merge_scale != 1.0:
             x = keras.layers.Rescaling(r.merge_scale, name=name + "_sqrt2")(x)

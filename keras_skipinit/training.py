@@ -42,6 +42,7 @@ class Config:
     normalization: str = "skipinit"
     alpha_init: str | float | None = None
     ghost_batch_size: int | None = None
+    nf_beta: float | None = None
     dropout: float | None = None
     dataset: str = data_lib.EMBEDDED
     data_dir: str | None = None
@@ -92,6 +93,10 @@ def validate(config):
         raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
     if c.ghost_batch_size is not None and c.normalization != "ghost_batchnorm":
         raise ValueError("ghost_batch_size applies only to normalization=ghost_batchnorm")
+    if c.nf_beta is not None and c.normalization != "nf":
+        raise ValueError("nf_beta applies only to normalization=nf")
+    if c.normalization == "nf" and c.model == "resnet_v1":
+        raise ValueError("normalization=nf needs pre-activation blocks: use --model=wrn or resnet_v2")
     if c.batch_size % c.accumulation_steps:
         raise ValueError(
             f"batch_size ({c.batch_size}) must be divisible by accumulation_steps ({c.accumulation_steps})"
@@ -125,6 +130,7 @@ def build_model(config, dataset):
         normalization=config.normalization,
         virtual_batch_size=config.ghost_batch_size,
         alpha_init=config.alpha_init,
+        nf_beta=config.nf_beta,
         dropout_rate=config.dropout,
         seed=config.seed,
     )

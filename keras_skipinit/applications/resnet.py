@@ -49,8 +49,9 @@ def bottleneck_v1(x, ops, filters, stride, prefix):
 
 def bottleneck_v2(x, ops, filters, stride, prefix):
     """Pre-activation bottleneck with an identity skip (SkipInit App. G)."""
-    preact = ops.act(ops.norm(x, prefix + "_preact_bn"), prefix + "_preact_relu")
-    if x.shape[-1] != EXPANSION * filters:
+    preact = ops.preact(x, prefix + "_preact_bn", prefix + "_preact_relu")
+    projected = x.shape[-1] != EXPANSION * filters
+    if projected:
         shortcut = ops.conv(preact, EXPANSION * filters, 1, prefix + "_0_conv", strides=stride, bias=True)
     elif stride > 1:
         shortcut = keras.layers.MaxPooling2D(1, strides=stride, name=prefix + "_0_max_pool")(x)
@@ -62,7 +63,7 @@ def bottleneck_v2(x, ops, filters, stride, prefix):
     y = ops.act(ops.norm(y, prefix + "_2_bn"), prefix + "_2_relu")
     y = ops.conv(y, EXPANSION * filters, 1, prefix + "_3_conv", bias=True, role="last")
     y = ops.branch_end(y, prefix)
-    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix))
+    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix, projected=projected))
 
 
 def _body(depth, version):
@@ -77,7 +78,7 @@ def _body(depth, version):
         for prefix, filters, stride in block_specs(depth, version):
             x = block(x, ops, filters, stride, prefix)
         if version == 2:
-            x = ops.act(ops.norm(x, "post_bn"), "post_relu")
+            x = ops.preact(x, "post_bn", "post_relu")
         return x
 
     return body
@@ -100,6 +101,7 @@ def ResNet(
     alpha_init=None,
     dropout_rate=None,
     use_bias=None,
+    nf_beta=None,
     seed=None,
 ):
     """A bottleneck ResNet of `depth` (50, 101, 152), `version` 1 or 2.
@@ -115,6 +117,7 @@ def ResNet(
       use_bias: force biases on (True) or off (False) in every conv; default:
         keras.applications' choice, all convs for 'regularized_skipinit'
         (§5), none for 'fixup' (scalar biases instead).
+      nf_beta: NF-ResNet branch scale beta for 'nf' (default 0.2; V2 only).
       seed: seed for the weight initializers (reproducible models).
     """
     if depth not in BLOCKS_PER_STAGE:
@@ -132,6 +135,7 @@ def ResNet(
         dropout_rate=dropout_rate,
         default_regularized_dropout=0.2,
         v1=version == 1,
+        nf_beta=nf_beta,
     )
     return _base.build(
         _body(depth, version),

@@ -33,8 +33,9 @@ def block_specs(depth, width):
 
 def basic_block(x, ops, filters, stride, prefix):
     """Pre-activation basic block: (norm-ReLU-conv3x3) x2 + skip."""
-    preact = ops.act(ops.norm(x, prefix + "_preact_bn"), prefix + "_preact_relu")
-    if x.shape[-1] != filters or stride != 1:
+    preact = ops.preact(x, prefix + "_preact_bn", prefix + "_preact_relu")
+    projected = x.shape[-1] != filters or stride != 1
+    if projected:
         shortcut = ops.conv(preact, filters, 1, prefix + "_0_conv", strides=stride)
     else:
         shortcut = x
@@ -42,7 +43,7 @@ def basic_block(x, ops, filters, stride, prefix):
     y = ops.act(ops.norm(y, prefix + "_1_bn"), prefix + "_1_relu")
     y = ops.conv(y, filters, 3, prefix + "_2_conv", role="last")
     y = ops.branch_end(y, prefix)
-    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix))
+    return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix, projected=projected))
 
 
 def WideResNet(
@@ -62,6 +63,7 @@ def WideResNet(
     alpha_init=None,
     dropout_rate=None,
     use_bias=None,
+    nf_beta=None,
     seed=None,
 ):
     """Wide-ResNet `depth`-`width` (depth = 6k+4, any k: 1000+ layers work).
@@ -79,7 +81,7 @@ def WideResNet(
         x = ops.conv(x, GROUP_WIDTHS[0], 3, "stem_conv")
         for prefix, filters, stride in specs:
             x = basic_block(x, ops, filters, stride, prefix)
-        return ops.act(ops.norm(x, "post_bn"), "post_relu")
+        return ops.preact(x, "post_bn", "post_relu")
 
     recipe_kwargs = dict(
         normalization=normalization,
@@ -91,6 +93,7 @@ def WideResNet(
         use_bias=use_bias,
         dropout_rate=dropout_rate,
         default_regularized_dropout=0.6,
+        nf_beta=nf_beta,
     )
     return _base.build(
         body,
