@@ -1,6 +1,7 @@
 """The keras.applications-style builder shared by every model in the zoo."""
 
 import os
+import sys
 
 import keras
 
@@ -55,6 +56,9 @@ def build(
     if include_top and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
     recipe = norm_lib.resolve(**recipe_kwargs)
+    # Keras walks the functional graph recursively (a few frames per layer):
+    # 1000-layer nets need far more than Python's default limit of 1000.
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000 + 60 * recipe.num_blocks))
 
     if input_tensor is None:
         inputs = keras.Input(shape=_check_input_shape(input_shape, default_input_shape))
