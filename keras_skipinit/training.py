@@ -139,6 +139,26 @@ def build_model(config, dataset):
     return applications.ResNet(config.depth, 1 if config.model == "resnet_v1" else 2, **kwargs)
 
 
+def write_model_spec(model_dir, config, dataset):
+    """What export needs to rebuild the model from a checkpoint and to put the
+    evaluation preprocessing in the serving graph (model_spec.json)."""
+    spec = {
+        "config": dataclasses.asdict(config),
+        "input_shape": list(dataset.input_shape),
+        "num_classes": dataset.num_classes,
+        "preprocessing": "imagenet" if dataset.style == "imagenet" else "standardize",
+    }
+    with open(os.path.join(model_dir, "model_spec.json"), "w") as f:
+        json.dump(spec, f, indent=2)
+
+
+def model_from_spec(spec):
+    """Rebuilds the (untrained) model described by a model_spec.json dict."""
+    config = Config(**spec["config"])
+    shape = dataclasses.make_dataclass("Shape", ["input_shape", "num_classes"])
+    return build_model(config, shape(tuple(spec["input_shape"]), spec["num_classes"]))
+
+
 def add_l2(model, coefficient):
     """L2 on the loss (SkipInit §2.3): coefficient * sum(w^2) over conv and
     dense kernels (not biases, BN parameters or scalars)."""
@@ -267,6 +287,7 @@ def train(config):
             ],
             jit_compile=config.xla,
         )
+    write_model_spec(model_dir, config, dataset)
     checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"))
     epoch, skip = checkpoint.restore(model)
     if epoch or skip:
@@ -325,7 +346,11 @@ def train(config):
     if not diverged:
         model.save(os.path.join(model_dir, "model.keras"))
         if config.export_dir:
-            model.export(config.export_dir, format="tf_saved_model")
+            from keras_skipinit import serving
+
+            preprocessing = "imagenet" if dataset.style == "imagenet" else "standardize"
+            name = os.path.basename(os.path.normpath(model_dir))
+            results["export_path"] = serving.export(model, config.export_dir, name, preprocessing=preprocessing)
     with open(os.path.join(model_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2, default=_json_default)
     return results

@@ -1,0 +1,1 @@
+"""`python -m export`: a trained model -> a TF Serving SavedModel (see __main__)."""

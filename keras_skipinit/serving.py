@@ -1,0 +1,291 @@
+"""SavedModels for TensorFlow Serving, with inference-time folding.
+
+`export()` writes ``<base_path>/<model_name>/<version>/`` (TF Serving's
+layout) with two signatures and warm-up requests:
+
+- ``serving_default``: ``images`` uint8 [batch, H, W, C] -> ``probabilities``
+  float32 [batch, classes], ``top_k_classes`` int32 [batch, k],
+  ``top_k_scores`` float32 [batch, k]. The evaluation preprocessing of
+  training (per-image standardization, or ImageNet resize-256/center-crop-224
+  and mean/std) runs inside the graph.
+- ``predict_image_bytes``: ``image_bytes`` string [batch] (JPEG/PNG, base64
+  in REST as ``{"b64": ...}``) -> the same outputs.
+- ``assets.extra/tf_serving_warmup_requests``: one PredictionLog per
+  signature, so the first real request does not pay for graph warm-up.
+
+`fold()` returns an equivalent model for inference with BatchNormalization,
+SkipInit scalars, Fixup multipliers and biases and NF branch scales that
+directly follow a convolution folded into its kernel and bias (exact: these
+are per-channel affine maps of the conv output). A Fixup bias in front of a
+1x1 convolution folds into the conv's bias (exact: no zero padding); in
+front of a 3x3 convolution it is kept, since zero padding makes that fold
+inexact at image borders. BNs before a ReLU (pre-activation) are kept.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_skipinit import data as data_lib, layers as ksl
+
+PREPROCESSINGS = ("standardize", "imagenet")
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+# --- folding -------------------------------------------------------------------------
+
+
+def _consumers(model):
+    users = {}
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        for tensor in keras.tree.flatten(layer.input):
+            users.setdefault(id(tensor), []).append(layer)
+    return users
+
+
+def _affine(layer):
+    """(scale, shift) with layer(y) = scale * y + shift per channel, or None."""
+    if isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (-1, [-1], 3, [3]):
+        inv = 1.0 / np.sqrt(layer.moving_variance.numpy() + layer.epsilon)
+        gamma = layer.gamma.numpy() if layer.scale else 1.0
+        beta = layer.beta.numpy() if layer.center else 0.0
+        return gamma * inv, beta - gamma * inv * layer.moving_mean.numpy()
+    if isinstance(layer, ksl.SkipInitScale):
+        return float(layer.value.numpy()), 0.0
+    if isinstance(layer, ksl.FixupBias):
+        return 1.0, float(layer.value.numpy())
+    if type(layer) is keras.layers.Rescaling:
+        return float(layer.scale), float(layer.offset)
+    return None
+
+
+@keras.saving.register_keras_serializable(package="keras_skipinit")
+class FoldedAway(keras.layers.Layer):
+    """Stands where `fold` removed a layer: passes its input through and
+    accepts the call arguments of the layer it replaces."""
+
+    def call(self, inputs, training=None, mask=None):
+        return inputs
+
+
+def fold(model):
+    """An equivalent inference model with affine followers folded into convs."""
+    users = _consumers(model)
+    plans = {}  # conv name -> (kernel, bias)
+    removed = set()
+    for conv in model.layers:
+        if type(conv) is not keras.layers.Conv2D or conv.activation is not keras.activations.linear:
+            continue
+        kernel = conv.kernel.numpy()
+        bias = conv.bias.numpy() if conv.use_bias else np.zeros(kernel.shape[-1], kernel.dtype)
+        folded = []
+        # A scalar bias feeding only this 1x1 conv: conv(x + c) = conv(x) + c * sum(W).
+        producer = conv.input._keras_history.operation
+        if (
+            isinstance(producer, ksl.FixupBias)
+            and conv.kernel_size == (1, 1)
+            and len(users.get(id(producer.output), [])) == 1
+        ):
+            bias = bias + float(producer.value.numpy()) * kernel.sum(axis=(0, 1, 2))
+            folded.append(producer.name)
+        scale, shift = np.ones_like(bias), np.zeros_like(bias)
+        tensor = conv.output
+        while len(users.get(id(tensor), [])) == 1:
+            follower = users[id(tensor)][0]
+            affine = _affine(follower)
+            if affine is None:
+                break
+            s, t = affine
+            scale, shift = s * scale, s * shift + t
+            folded.append(follower.name)
+            tensor = follower.output
+        if folded:
+            removed.update(folded)
+            plans[conv.name] = (kernel * scale, bias * scale + shift)
+
+    def clone(layer):
+        if layer.name in removed:
+            return FoldedAway(name=layer.name)
+        if layer.name in plans:
+            config = layer.get_config()
+            config["use_bias"] = True
+            return keras.layers.Conv2D.from_config(config)
+        return layer.__class__.from_config(layer.get_config())
+
+    folded = keras.models.clone_model(model, clone_function=clone)
+    for layer in model.layers:
+        if layer.name in plans:
+            folded.get_layer(layer.name).set_weights(list(plans[layer.name]))
+        elif layer.name not in removed and layer.weights:
+            folded.get_layer(layer.name).set_weights(layer.get_weights())
+    return folded
+
+
+# --- signatures --------------------------------------------------------------------
+
+
+def _probabilities(model, images):
+    outputs = model(images, training=False)
+    activation = getattr(model.layers[-1], "activation", None)
+    if activation is not keras.activations.softmax:
+        outputs = tf.nn.softmax(outputs)
+    return tf.cast(outputs, tf.float32)
+
+
+def _serving_functions(model, preprocessing, top_k):
+    height, width, channels = model.input_shape[1:]
+    if preprocessing not in PREPROCESSINGS:
+        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}.")
+    if None in (height, width, channels):
+        raise ValueError(f"the model needs a fixed input size to be served, has {model.input_shape}.")
+    k = min(top_k, model.output_shape[-1])
+
+    def preprocess(image):
+        if preprocessing == "imagenet":
+            return data_lib.imagenet_eval_preprocess(image)
+        return tf.image.per_image_standardization(image)
+
+    def outputs(images):
+        batch = tf.map_fn(preprocess, images, fn_output_signature=tf.float32)
+        probabilities = _probabilities(model, batch)
+        scores, classes = tf.math.top_k(probabilities, k)
+        return {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
+
+    image_shape = [None, height, width, channels] if preprocessing == "standardize" else [None, None, None, channels]
+
+    def serve_images(images):
+        return outputs(images)
+
+    def decode(encoded):
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        if preprocessing == "standardize":
+            # The error must come from the data path (a cond), not from a
+            # separate assert that the runtime may schedule after a shape op.
+            def wrong_size():
+                message = f"image_bytes must decode to {height}x{width} images"
+                with tf.control_dependencies([tf.debugging.Assert(False, [message, tf.shape(image)])]):
+                    return tf.zeros([height, width, channels], image.dtype)
+
+            fits = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
+            image = tf.ensure_shape(tf.cond(fits, lambda: image, wrong_size), [height, width, channels])
+        return preprocess(image)
+
+    def serve_bytes(image_bytes):
+        batch = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec([None, None, channels], tf.float32))
+        if preprocessing == "standardize":
+            batch = tf.ensure_shape(batch, [None, height, width, channels])
+        probabilities = _probabilities(model, batch)
+        scores, classes = tf.math.top_k(probabilities, k)
+        return {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
+
+    return (
+        (serve_images, [tf.TensorSpec(image_shape, tf.uint8, name="images")]),
+        (serve_bytes, [tf.TensorSpec([None], tf.string, name="image_bytes")]),
+    )
+
+
+# --- layout and warm-up ----------------------------------------------------------------
+
+
+def next_version(model_base):
+    versions = [int(d) for d in os.listdir(model_base) if d.isdigit()] if os.path.isdir(model_base) else []
+    return max(versions, default=0) + 1
+
+
+def _warmup_records(model, preprocessing, model_name):
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    height, width, channels = model.input_shape[1:]
+    image = np.zeros((1, height, width, channels), np.uint8)
+    image[:, height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 200
+    encoded = tf.io.encode_png(image[0]).numpy()
+    for signature, name, value in (
+        ("serving_default", "images", tf.make_tensor_proto(image)),
+        ("predict_image_bytes", "image_bytes", tf.make_tensor_proto([encoded])),
+    ):
+        request = predict_pb2.PredictRequest(
+            model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature)
+        )
+        request.inputs[name].CopyFrom(value)
+        log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+        yield log.SerializeToString()
+
+
+def export(model, base_path, model_name, version=None, overwrite=False, preprocessing="standardize",
+           top_k=5, fold_layers=True):
+    """Writes a TF Serving SavedModel; returns its directory."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", model_name or ""):
+        raise ValueError(f"model_name must be a non-empty name of letters, digits, '_', '-', '.', got {model_name!r}.")
+    model_base = os.path.join(base_path, model_name)
+    if version is None:
+        version = next_version(model_base)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"version must be a positive integer, got {version!r}.")
+    path = os.path.join(model_base, str(version))
+    if os.path.exists(path):
+        if not overwrite:
+            raise ValueError(f"version {version} already exists at {path}; pass overwrite=True (--overwrite) to replace it.")
+        shutil.rmtree(path)
+    served = fold(model) if fold_layers else model
+    archive = keras.export.ExportArchive()
+    archive.track(served)
+    (serve_images, image_spec), (serve_bytes, bytes_spec) = _serving_functions(served, preprocessing, top_k)
+    archive.add_endpoint("serving_default", serve_images, input_signature=image_spec)
+    archive.add_endpoint("predict_image_bytes", serve_bytes, input_signature=bytes_spec)
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    archive.write_out(tmp, verbose=False)
+    os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+    with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
+        for record in _warmup_records(served, preprocessing, model_name):
+            writer.write(record)
+    os.replace(tmp, path)  # a version directory appears complete or not at all
+    return path
+
+
+def load_source(source):
+    """(model, preprocessing) from a .keras file or a train.py model_dir
+    (its model.keras, else its latest checkpoint)."""
+    if os.path.isdir(source):
+        spec_path = os.path.join(source, "model_spec.json")
+        if not os.path.exists(spec_path):
+            raise ValueError(f"{source} is not a train.py model_dir (no model_spec.json).")
+        with open(spec_path) as f:
+            spec = json.load(f)
+        keras_path = os.path.join(source, "model.keras")
+        if os.path.exists(keras_path):
+            return _load_keras(keras_path), spec["preprocessing"]
+        weights = os.path.join(source, "checkpoint", "ckpt.weights.h5")
+        if not os.path.exists(weights):
+            raise ValueError(f"{source} has neither model.keras nor a checkpoint to export.")
+        from keras_skipinit import training
+
+        model = training.model_from_spec(spec)
+        _load_checkpoint_weights(model, weights)
+        return model, spec["preprocessing"]
+    if not os.path.exists(source):
+        raise ValueError(f"no such model file or model_dir: {source}")
+    return _load_keras(source), "standardize"
+
+
+def _load_keras(path):
+    try:
+        return keras.models.load_model(path, compile=False)  # serving needs no optimizer
+    except Exception as e:  # corrupt or foreign files: one line, not a traceback
+        raise ValueError(f"cannot load {path} as a Keras model: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+
+
+def _load_checkpoint_weights(model, weights):
+    """Checkpoints hold model and optimizer state; restore the model's part."""
+    from keras_skipinit import training
+
+    model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.0, momentum=0.9))
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(weights)

@@ -1,0 +1,191 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_skipinit import applications as apps, layers as ks_layers, serving, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RNG = np.random.default_rng(0)
+
+
+def perturbed(model, x):
+    """Move every weight away from its init (BN statistics included), so a
+    fold that dropped or misplaced any parameter changes the output."""
+    model(x, training=True)
+    for w in model.weights:
+        w.assign(w.numpy() + RNG.normal(0, 0.05, w.shape).astype(w.dtype))
+    return model
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: apps.WideResNet(10, 1, normalization="batchnorm", seed=1),
+        lambda: apps.WideResNet(10, 1, normalization="skipinit", seed=1),
+        lambda: apps.WideResNet(10, 1, normalization="fixup", seed=1),
+        lambda: apps.WideResNet(10, 1, normalization="ghost_batchnorm", virtual_batch_size=2, seed=1),
+        lambda: apps.ResNet50V1(input_shape=(48, 48, 3), classes=7, normalization="batchnorm", seed=1),
+        lambda: apps.ResNet50V1(input_shape=(48, 48, 3), classes=7, normalization="fixup", seed=1),
+        lambda: apps.ResNet50V2(input_shape=(48, 48, 3), classes=7, normalization="regularized_skipinit", seed=1),
+    ],
+    ids=["wrn-bn", "wrn-skipinit", "wrn-fixup", "wrn-ghost", "v1-bn", "v1-fixup", "v2-regskipinit"],
+)
+def test_folding_is_exact(make):
+    model = make()
+    x = RNG.standard_normal((4,) + model.input_shape[1:]).astype("float32")
+    perturbed(model, x)
+    folded = serving.fold(model)
+    # Tolerance: float32 reassociation of (W*s) x vs s*(W x), relative 1e-5.
+    np.testing.assert_allclose(folded(x), model(x), rtol=1e-4, atol=1e-6)
+    left = [layer for layer in folded.layers if isinstance(layer, keras.layers.BatchNormalization)]
+    if model.name.endswith("v1"):
+        assert not left  # every V1 BN follows a conv
+    # Every SkipInit alpha / Fixup multiplier ends a branch right after a conv.
+    for layer in model.layers:
+        if isinstance(layer, ks_layers.SkipInitScale):
+            assert isinstance(folded.get_layer(layer.name), serving.FoldedAway), layer.name
+
+
+def test_fixup_input_bias_folds_only_into_1x1_convs():
+    model = perturbed(apps.ResNet50V1(input_shape=(48, 48, 3), classes=5, normalization="fixup", seed=0),
+                      RNG.standard_normal((2, 48, 48, 3)).astype("float32"))
+    folded = serving.fold(model)
+    assert isinstance(folded.get_layer("conv2_block1_1_conv_bias"), serving.FoldedAway)  # 1x1
+    assert isinstance(folded.get_layer("conv2_block1_2_conv_bias"), keras.layers.Layer)
+    assert not isinstance(folded.get_layer("conv2_block1_2_conv_bias"), serving.FoldedAway)  # 3x3: kept
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("serving")
+    keras.utils.set_random_seed(0)
+    model = apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=3)
+    perturbed(model, RNG.standard_normal((8, 28, 28, 1)).astype("float32"))
+    path = serving.export(model, str(base), "wrn")
+    images = RNG.integers(0, 256, (3, 28, 28, 1)).astype("uint8")
+    expected = np.asarray(model(tf.image.per_image_standardization(images), training=False))
+    return base, path, model, images, expected
+
+
+def test_layout_versions_and_overwrite(exported, tmp_path):
+    base, path, model, _, _ = exported
+    assert path == os.path.join(str(base), "wrn", "1")
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
+    second = serving.export(model, str(base), "wrn")
+    assert second.endswith(os.path.join("wrn", "2"))
+    with pytest.raises(ValueError, match="already exists"):
+        serving.export(model, str(base), "wrn", version=1)
+    again = serving.export(model, str(base), "wrn", version=2, overwrite=True)
+    assert again == second
+    with pytest.raises(ValueError, match="model_name"):
+        serving.export(model, str(base), "bad/name")
+
+
+def test_warmup_requests(exported):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    _, path, _, _, _ = exported
+    records = list(tf.data.TFRecordDataset(os.path.join(path, serving.WARMUP_FILE)).as_numpy_iterator())
+    logs = [prediction_log_pb2.PredictionLog.FromString(r) for r in records]
+    assert [log.predict_log.request.model_spec.signature_name for log in logs] == [
+        "serving_default",
+        "predict_image_bytes",
+    ]
+    image = tf.make_ndarray(logs[0].predict_log.request.inputs["images"])
+    assert image.dtype == np.uint8 and image.shape == (1, 28, 28, 1)
+
+
+CHECK_SCRIPT = r"""
+import json, sys
+sys.modules["keras_skipinit"] = None  # the SavedModel must not need this package
+import numpy as np, tensorflow as tf
+path, images_path = sys.argv[1], sys.argv[2]
+images = np.load(images_path)
+png = [tf.io.encode_png(i).numpy() for i in images]
+out = {}
+loaded = tf.saved_model.load(path)
+out["tf2_images"] = loaded.signatures["serving_default"](images=tf.constant(images))["probabilities"].numpy().tolist()
+r = loaded.signatures["predict_image_bytes"](image_bytes=tf.constant(png))
+out["tf2_bytes"] = r["probabilities"].numpy().tolist()
+out["tf2_top"] = r["top_k_classes"].numpy().tolist()
+with tf.compat.v1.Session(graph=tf.Graph()) as sess:   # how the C++ model server loads it
+    meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], path)
+    for name, feed in (("serving_default", images), ("predict_image_bytes", np.array(png, dtype=object))):
+        sig = meta.signature_def[name]
+        (inp,) = sig.inputs.values()
+        out["tf1_" + name] = sess.run(sig.outputs["probabilities"].name, {inp.name: feed}).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_signatures_without_the_package_tf2_and_tf1(exported, tmp_path):
+    _, path, _, images, expected = exported
+    np.save(tmp_path / "images.npy", images)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, path, str(tmp_path / "images.npy")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Tolerance: folded vs unfolded float32 graphs, 1e-5 absolute on probabilities.
+    for key in ("tf2_images", "tf2_bytes", "tf1_serving_default", "tf1_predict_image_bytes"):
+        np.testing.assert_allclose(out[key], expected, atol=1e-5, err_msg=key)
+    np.testing.assert_array_equal(np.array(out["tf2_top"])[:, 0], expected.argmax(-1))
+
+
+def test_saved_model_cli_lists_the_signatures(exported):
+    _, path, _, _, _ = exported
+    proc = subprocess.run(["saved_model_cli", "show", "--all", "--dir", path], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for text in ("signature_def['serving_default']", "signature_def['predict_image_bytes']", "DT_UINT8", "DT_STRING",
+                 "top_k_classes"):
+        assert text in proc.stdout
+
+
+def test_bad_inputs_fail_clearly(exported):
+    _, path, _, _, _ = exported
+    loaded = tf.saved_model.load(path)
+    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+        loaded.signatures["serving_default"](images=tf.zeros((1, 28, 28, 1), tf.float32))
+    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
+        loaded.signatures["serving_default"](images=tf.zeros((1, 32, 32, 1), tf.uint8))
+    wrong = tf.io.encode_png(tf.zeros((30, 30, 1), tf.uint8))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must decode to 28x28"):
+        loaded.signatures["predict_image_bytes"](image_bytes=tf.stack([wrong]))
+
+
+def run_export(*flags):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "export", *flags], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=ROOT)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    missing = run_export("--source=/nonexistent.keras", f"--base_path={tmp_path}")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "no such model" in missing.stderr
+    corrupt = tmp_path / "corrupt.keras"
+    corrupt.write_bytes(b"not a zip file")
+    bad = run_export(f"--source={corrupt}", f"--base_path={tmp_path}")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "cannot load" in bad.stderr
+
+
+def test_cli_exports_a_training_run_and_its_checkpoint(tmp_path):
+    model_dir = tmp_path / "run"
+    config = training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir))
+    training.train(config)
+    done = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert os.path.isdir(tmp_path / "serving" / "run" / "1")
+    os.remove(model_dir / "model.keras")  # as if training had been interrupted
+    from_ckpt = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
+    assert from_ckpt.returncode == 0, from_ckpt.stderr[-2000:]
+    a = tf.saved_model.load(str(tmp_path / "serving" / "run" / "1")).signatures["serving_default"]
+    b = tf.saved_model.load(str(tmp_path / "serving" / "run" / "2")).signatures["serving_default"]
+    images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
+    np.testing.assert_allclose(a(images=images)["probabilities"], b(images=images)["probabilities"], atol=1e-6)
