@@ -166,37 +166,42 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     def _ghost_normalize(self, x):
         """Normalizes each ghost batch of `x` (float32, channels last).
 
-        Returns the output and the example-weighted averages of the ghost
-        means and ghost variances, each of shape ``(channels,)``.
+        Example i belongs to ghost batch i // virtual_batch_size; per-example
+        sums over positions are combined per ghost batch with segment sums
+        (no padding: cost independent of how the batch size relates to the
+        ghost size). Two passes (mean, then centred squares) as in
+        `BatchNormalization`. Returns the output and the example-weighted
+        averages of the ghost means and variances, each of shape (channels,).
         """
         rank = len(x.shape)
-        ghost = self.virtual_batch_size
+        spatial = list(range(1, rank - 1))
         batch = tf.shape(x)[0]
-        inner_shape = tf.shape(x)[1:]
-        num_ghost = (batch + ghost - 1) // ghost
-        padded = tf.pad(x, [[0, num_ghost * ghost - batch]] + [[0, 0]] * (rank - 1))
-        grouped = tf.reshape(padded, tf.concat([[num_ghost, ghost], inner_shape], 0))
-        valid = tf.reshape(
-            tf.cast(tf.sequence_mask(batch, num_ghost * ghost), "float32"),
-            [num_ghost, ghost] + [1] * (rank - 1),
-        )
-        axes = list(range(1, rank))  # ghost-batch axis and spatial axes
-        positions = tf.cast(tf.reduce_prod(inner_shape[:-1]), "float32")
-        count = tf.reduce_sum(valid, axis=1, keepdims=True) * positions
-        mean = tf.reduce_sum(grouped * valid, axes, keepdims=True) / count
-        centered = (grouped - mean) * valid
-        variance = tf.reduce_sum(tf.square(centered), axes, keepdims=True) / count
-        normalized = centered * tf.math.rsqrt(variance + self.epsilon)
+        segment = tf.range(batch) // self.virtual_batch_size
+        num_ghost = (batch + self.virtual_batch_size - 1) // self.virtual_batch_size
+        positions = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), "float32")
+        count = tf.math.unsorted_segment_sum(tf.ones([batch]), segment, num_ghost)[:, None] * positions
+
+        def per_ghost(values):  # [batch, ...spatial, C] -> [num_ghost, C]
+            per_example = tf.reduce_sum(values, spatial) if spatial else values
+            return tf.math.unsorted_segment_sum(per_example, segment, num_ghost) / count
+
+        def per_example(stat):  # [num_ghost, C] -> broadcastable to x
+            return tf.reshape(tf.gather(stat, segment), tf.concat([[batch], [1] * (rank - 2), [-1]], 0))
+
+        mean = per_ghost(x)
+        centered = x - per_example(mean)
+        variance = per_ghost(tf.square(centered))
+        normalized = centered * per_example(tf.math.rsqrt(variance + self.epsilon))
         if self.scale:
             normalized = normalized * tf.cast(self.gamma, "float32")
         if self.center:
             normalized = normalized + tf.cast(self.beta, "float32")
-        outputs = tf.ensure_shape(tf.reshape(normalized, tf.shape(padded))[:batch], x.shape)
         weights = count / tf.reduce_sum(count)
-        flat = [num_ghost, -1]
-        mean_avg = tf.reduce_sum(tf.reshape(mean * weights, flat), axis=0)
-        variance_avg = tf.reduce_sum(tf.reshape(variance * weights, flat), axis=0)
-        return outputs, mean_avg, variance_avg
+        return (
+            tf.ensure_shape(normalized, x.shape),
+            tf.reduce_sum(mean * weights, 0),
+            tf.reduce_sum(variance * weights, 0),
+        )
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,49 @@
+"""Shared helpers: interleaved timing, machine description, result output."""
+
+import json
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+
+
+def machine():
+    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "gpus": gpus,
+        "tensorflow": tf.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def interleaved(fns, rounds, steps):
+    """Times each callable `steps` times per round, alternating between them
+    every round (noise hits all alike); returns the median seconds per call."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(steps):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def write(name, payload):
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    path = os.path.join(os.path.dirname(__file__), "results", f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"machine": machine(), **payload}, f, indent=2)
+    return path
+
+
+def table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
