@@ -63,15 +63,20 @@ def summarize(runs, best_k, chance):
     return best, rows
 
 
+NOT_RUN = "not run"
+
+
 def format_table(cells, depths, methods):
-    """A markdown table shaped like SkipInit Table 1."""
+    """A markdown table shaped like SkipInit Table 1 ("—": every run failed)."""
     lines = ["| method | " + " | ".join(f"depth {d}: test acc. (lr)" for d in depths) + " |",
              "|---|" + "---|" * len(depths)]
     for key in methods:
         entries = []
         for depth in depths:
-            best = cells.get((key, depth))
-            if best is None:
+            best = cells.get((key, depth), NOT_RUN)
+            if best == NOT_RUN:
+                entries.append(NOT_RUN)
+            elif best is None:
                 entries.append("—")
             else:
                 entries.append(f"{100 * best['mean']:.1f} ± {100 * best['std']:.1f} (2^{best['log2_lr']})")
@@ -123,7 +128,7 @@ def report(runs, args):
         for key in args.methods:
             subset = [r for r in runs if r["method"] == key and r["depth"] == depth]
             best, rows = summarize(subset, args.best_k, args.chance)
-            cells[(key, depth)] = best
+            cells[(key, depth)] = best if subset else NOT_RUN
             details[f"{key}/depth{depth}"] = rows
     table = format_table(cells, args.depths, args.methods)
     with open(os.path.join(args.out, "table.md"), "w") as f:
@@ -144,6 +149,8 @@ def _plot(details, args):
     for ax, depth in zip(axes[0], args.depths):
         for key in args.methods:
             rows = details[f"{key}/depth{depth}"]
+            if not rows:
+                continue
             xs = [r["log2_lr"] for r in rows]
             ys = [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows]
             ax.plot(xs, ys, marker="o", label=METHODS[key][0])

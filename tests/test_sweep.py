@@ -33,6 +33,8 @@ def test_cells_at_chance_or_all_diverged_are_dashes():
     table = sweep.format_table({("skipinit_one", 100): None, ("skipinit_one", 16): {"mean": 0.93, "std": 0.001, "log2_lr": -2}},
                                [16, 100], ["skipinit_one"])
     assert table.splitlines()[-1] == "| SkipInit (alpha = 1) | 93.0 ± 0.1 (2^-2) | — |"
+    partial = sweep.format_table({}, [16], ["skipinit_one"])
+    assert partial.splitlines()[-1] == "| SkipInit (alpha = 1) | not run |"
 
 
 def test_cli_rejects_unknown_methods(tmp_path):
