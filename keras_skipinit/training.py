@@ -113,9 +113,9 @@ MULTI_WORKER_UNSUPPORTED = (
 def make_strategy(name):
     if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
         raise ValueError(MULTI_WORKER_UNSUPPORTED)
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy("/cpu:0" if not tf.config.list_logical_devices("GPU") else "/gpu:0")
     gpus = tf.config.list_logical_devices("GPU")
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
         return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
     if name == "mirrored" or len(gpus) > 1:
