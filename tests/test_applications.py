@@ -277,8 +277,9 @@ def test_every_normalization_round_trips_through_keras_file(normalization, tmp_p
     assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in model.layers]
 
 
-def test_resnet_v1_skipinit_round_trips(tmp_path):
-    model = apps.ResNet50V1(input_shape=(64, 64, 3), classes=5, normalization="regularized_skipinit", seed=0)
+@pytest.mark.parametrize("make", [apps.ResNet50V1, apps.ResNet50V2], ids=["v1", "v2"])
+def test_resnet_skipinit_round_trips(make, tmp_path):
+    model = make(input_shape=(64, 64, 3), classes=5, normalization="regularized_skipinit", seed=0)
     for w in model.weights:
         if w.shape == ():
             w.assign(w + 0.5)
