@@ -49,7 +49,11 @@ flags.DEFINE_float("mixup_alpha", _D.mixup_alpha, "Mixup Beta(alpha, alpha); 0 d
 flags.DEFINE_float("scalar_lr_multiplier", _D.scalar_lr_multiplier, "Learning-rate multiplier for scalar parameters (Fixup: 0.1).")
 flags.DEFINE_enum("mixed_precision", _D.mixed_precision, list(training.PRECISIONS), "Mixed precision policy.")
 flags.DEFINE_bool("xla", _D.xla, "Compile the train step with XLA.")
-flags.DEFINE_enum("strategy", _D.strategy, training.STRATEGIES, "auto: multi-worker if TF_CONFIG is set, mirrored over >1 GPU, else default.")
+flags.DEFINE_enum(
+    "strategy", _D.strategy, training.STRATEGIES,
+    "auto: MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the same flags; "
+    "task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device.",
+)
 flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).")
 flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")
 flags.DEFINE_string("export_dir", None, "If set, also export a TF Serving SavedModel to <export_dir>/<basename of model_dir>/<version>.")
@@ -83,6 +87,9 @@ def main(argv):
     except ValueError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    if not results["chief"]:
+        print(f"Worker done ({results['status']}); the chief writes {config.model_dir}.")
+        return 0 if results["status"] == "completed" else 3
     if results["status"] == "diverged":
         print(f"Run diverged; see {config.model_dir}/results.json")
         return 3

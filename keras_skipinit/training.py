@@ -8,9 +8,10 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
 - Large batches from small ghost batches by gradient accumulation (§3).
 - Fixup's 10x lower learning rate for scalar multipliers and biases
   (`scalar_lr_multiplier`; exact for SGD with momentum, see `ScalarLRSGD`).
-- MirroredStrategy over visible GPUs. Multi-worker training is refused with
-  a clear error until Keras 3's fit works under MultiWorkerMirroredStrategy
-  (keras-team/keras#20585).
+- MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy from
+  TF_CONFIG (with two workarounds for keras-team/keras#20585, see
+  `enable_multi_worker_fit`); the chief writes model_dir, other workers
+  write the same files to a scratch directory that is then deleted.
 - Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
   resumes at the step it stopped, with the same data order.
 - A non-finite loss stops training at once; the run is recorded as diverged.
@@ -20,7 +21,9 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import keras
@@ -103,16 +106,20 @@ def validate(config):
         )
 
 
-MULTI_WORKER_UNSUPPORTED = (
-    "multi-worker training (TF_CONFIG / --strategy=multi_worker) is not supported yet: Keras 3's "
-    "model.fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585); use one machine "
-    "with MirroredStrategy over its GPUs"
-)
-
-
 def make_strategy(name):
+    """auto: MultiWorkerMirroredStrategy if TF_CONFIG is set, MirroredStrategy
+    over more than one GPU, else the default (one device)."""
     if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
-        raise ValueError(MULTI_WORKER_UNSUPPORTED)
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError("strategy=multi_worker needs the cluster in the TF_CONFIG environment variable")
+        try:
+            cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError("TF_CONFIG must be JSON with a 'cluster' and a 'task', see tf.distribute.cluster_resolver")
+        if not cluster:
+            raise ValueError("TF_CONFIG has an empty 'cluster'")
+        tf.get_logger().setLevel("WARNING")  # else an INFO line per collective op
+        return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
@@ -121,6 +128,44 @@ def make_strategy(name):
     if name == "mirrored" or len(gpus) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def is_multi_worker(strategy):
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
+
+
+def is_chief(strategy):
+    """The worker that owns model_dir: task 0 of 'worker' or the 'chief' task."""
+    if not is_multi_worker(strategy):
+        return True
+    resolver = strategy.cluster_resolver
+    return resolver.task_type == "chief" or (
+        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
+    )
+
+
+def enable_multi_worker_fit(model):
+    """Makes Keras 3's fit/evaluate work under MultiWorkerMirroredStrategy,
+    which fails in two places (keras-team/keras#20585):
+
+    1. `_maybe_symbolic_build` eagerly all-reduces a distributed input batch
+       to build the model, which fails across workers. A model that pins no
+       strategy skips it and builds when the step is traced; fit must then
+       run inside `strategy.scope()`.
+    2. Step outputs are reduced with `strategy.reduce(MEAN, v, axis=0)`,
+       which fails for scalar metrics. Returning them as shape-[1] vectors
+       makes that reduction the mean over replicas, a scalar.
+    """
+
+    def vectorize(step):
+        def wrapped(data):
+            return {k: tf.reshape(v, [1]) if len(v.shape) == 0 else v for k, v in step(data).items()}
+
+        return wrapped
+
+    model._distribute_strategy = None
+    model.train_step = vectorize(model.train_step)
+    model.test_step = vectorize(model.test_step)
 
 
 def build_model(config, dataset):
@@ -196,21 +241,25 @@ class ScalarLRSGD(keras.optimizers.SGD):
 
 class Checkpoint:
     """Weights + optimizer state and the position in training, written
-    atomically (a kill mid-write leaves the previous checkpoint intact)."""
+    atomically (a kill mid-write leaves the previous checkpoint intact).
+    Non-chief workers restore from `directory` but write to `write_directory`."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, write_directory=None):
         self.directory = directory
+        self.write_directory = write_directory or directory
         self.weights = os.path.join(directory, "ckpt.weights.h5")
         self.state = os.path.join(directory, "state.json")
 
     def save(self, model, epoch, step_in_epoch):
-        os.makedirs(self.directory, exist_ok=True)
-        tmp = os.path.join(self.directory, "tmp.weights.h5")
+        out = self.write_directory
+        os.makedirs(out, exist_ok=True)
+        tmp = os.path.join(out, "tmp.weights.h5")
         model.save_weights(tmp)
-        os.replace(tmp, self.weights)
-        with open(self.state + ".tmp", "w") as f:
+        os.replace(tmp, os.path.join(out, "ckpt.weights.h5"))
+        state = os.path.join(out, "state.json")
+        with open(state + ".tmp", "w") as f:
             json.dump({"epoch": epoch, "step_in_epoch": step_in_epoch}, f)
-        os.replace(self.state + ".tmp", self.state)
+        os.replace(state + ".tmp", state)
 
     def restore(self, model):
         """Returns (epoch, step_in_epoch) to resume from; (0, 0) if none."""
@@ -245,11 +294,23 @@ def train(config):
     """Trains per `config`; returns the results dict (also in results.json)."""
     validate(config)
     start = time.time()
+    strategy = make_strategy(config.strategy)  # multi-worker: before any other TF op
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
-    strategy = make_strategy(config.strategy)
+    chief, multi_worker = is_chief(strategy), is_multi_worker(strategy)
     model_dir = config.model_dir
     os.makedirs(model_dir, exist_ok=True)
+    # Every worker runs the same saves (they may read distributed variables);
+    # only the chief's land in model_dir.
+    out_dir = model_dir if chief else tempfile.mkdtemp(prefix="keras_skipinit_worker_")
+    try:
+        return _train(config, strategy, start, chief, multi_worker, model_dir, out_dir)
+    finally:
+        if not chief:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _train(config, strategy, start, chief, multi_worker, model_dir, out_dir):
 
     dataset = data_lib.load(config.dataset, config.data_dir)
     replicas = strategy.num_replicas_in_sync
@@ -287,29 +348,34 @@ def train(config):
             ],
             jit_compile=config.xla,
         )
-    write_model_spec(model_dir, config, dataset)
-    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"))
-    epoch, skip = checkpoint.restore(model)
-    if epoch or skip:
+        if multi_worker:
+            enable_multi_worker_fit(model)
+    write_model_spec(out_dir, config, dataset)
+    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), os.path.join(out_dir, "checkpoint"))
+    with strategy.scope():
+        epoch, skip = checkpoint.restore(model)
+    if (epoch or skip) and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({checkpoint.directory}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch)
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
-    tensorboard = keras.callbacks.TensorBoard(os.path.join(model_dir, "tensorboard"))
-    history_path = os.path.join(model_dir, "history.csv")
+    verbose = verbose if chief else 0
+    tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
+    history_path = os.path.join(out_dir, "history.csv")
     diverged = None
     while epoch < config.epochs and diverged is None:
         monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps)
         train_ds = data_lib.train_pipeline(dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip)
-        history = model.fit(
-            train_ds,
-            initial_epoch=epoch,
-            epochs=epoch + 1,
-            steps_per_epoch=micro_steps - skip,
-            validation_data=eval_ds,
-            callbacks=[monitor, tensorboard],
-            shuffle=False,  # the pipeline shuffles, seeded per epoch
-            verbose=verbose,
-        )
+        with strategy.scope():  # multi-worker: the model pins no strategy
+            history = model.fit(
+                train_ds,
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                steps_per_epoch=micro_steps - skip,
+                validation_data=eval_ds,
+                callbacks=[monitor, tensorboard],
+                shuffle=False,  # the pipeline shuffles, seeded per epoch
+                verbose=verbose,
+            )
         diverged = monitor.diverged
         if diverged:
             break
@@ -326,7 +392,8 @@ def train(config):
         )
         metrics = {"top1": None, "top5": None, "cross_entropy": None}
     else:
-        metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
+        with strategy.scope():
+            metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
     train_ce = _last_history_value(history_path, "cross_entropy") if not diverged else None
     results = {
         "status": "diverged" if diverged else "completed",
@@ -338,22 +405,29 @@ def train(config):
         "final_lr": _current_lr(model),
         "epochs_completed": epoch,
         "replicas": replicas,
+        "workers": _num_workers(strategy) if multi_worker else 1,
+        "chief": chief,
         "wall_time_s": time.time() - start,
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
         "config": dataclasses.asdict(config),
     }
     if not diverged:
-        model.save(os.path.join(model_dir, "model.keras"))
-        if config.export_dir:
+        model.save(os.path.join(out_dir, "model.keras"))
+        if config.export_dir and chief:
             from keras_skipinit import serving
 
             preprocessing = "imagenet" if dataset.style == "imagenet" else "standardize"
             name = os.path.basename(os.path.normpath(model_dir))
             results["export_path"] = serving.export(model, config.export_dir, name, preprocessing=preprocessing)
-    with open(os.path.join(model_dir, "results.json"), "w") as f:
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2, default=_json_default)
     return results
+
+
+def _num_workers(strategy):
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+    return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
 
 
 def _json_default(value):

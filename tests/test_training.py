@@ -205,11 +205,45 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_multi_worker_is_refused_with_a_clear_error(tmp_path):
-    """Keras 3's fit breaks under MultiWorkerMirroredStrategy (keras#20585)."""
-    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT, "TF_CONFIG": tf_config}
-    proc = subprocess.run([sys.executable, "train.py", "--epochs=1", f"--model_dir={tmp_path}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "keras-team/keras#20585" in proc.stderr
+def _free_ports(n):
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
+    """MultiWorkerMirroredStrategy from TF_CONFIG, two processes: gradients are
+    all-reduced (same weights as one device on the same global batch), the
+    chief writes model_dir and the other worker leaves nothing behind."""
+    flags = ["--depth=10", "--width=1", "--alpha_init=one", "--epochs=1", "--steps_per_epoch=3", "--batch_size=16",
+             "--schedule=constant", "--learning_rate=0.05", "--verbose=0", f"--model_dir={tmp_path / 'mw'}"]
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    procs = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT, "TF_CONFIG": tf_config}
+        procs.append(subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [proc.communicate(timeout=400) for proc in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0, err[-3000:]
+    assert "Test accuracy" in outs[0][0] and "the chief writes" in outs[1][0]
+    results = json.loads((tmp_path / "mw" / "results.json").read_text())
+    assert (results["replicas"], results["workers"], results["chief"]) == (2, 2, True)
+
+    reference = small_config(tmp_path, alpha_init="one", epochs=1, steps_per_epoch=3, batch_size=16,
+                             schedule="constant", learning_rate=0.05, strategy="one_device")
+    training.train(reference)
+    for a, b in zip(final_weights(tmp_path / "mw"), final_weights(tmp_path / "run")):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_multi_worker_without_tf_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="TF_CONFIG"):
+        training.train(small_config(tmp_path, strategy="multi_worker"))
