@@ -11,10 +11,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine():
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "gpus": gpus,
         "tensorflow": tf.__version__,

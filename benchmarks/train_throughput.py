@@ -39,9 +39,12 @@ def main():
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--groups", default="keras,normalizations", help="comma list of: keras, normalizations")
     args = p.parse_args()
     if args.gpu:
         keras.config.set_dtype_policy("mixed_float16")
+        if not tf.config.list_physical_devices("GPU"):
+            print("warning: --gpu without a GPU: float16 + XLA on the CPU checks the code path, not GPU speed")
     shape = (args.input_size, args.input_size, 3)
     common = dict(input_shape=shape, classes=args.classes)
     pairs = {
@@ -50,9 +53,18 @@ def main():
         "ours ResNet50V1 (batchnorm)": lambda: apps.ResNet50V1(**common),
         "keras.applications ResNet50": lambda: keras.applications.ResNet50(weights=None, **common),
     }
-    norms = {f"ResNet50V2 {n}": (lambda n=n: apps.ResNet50V2(normalization=n, **common)) for n in NORMALIZATIONS}
+    ghost = max(1, args.batch_size // 4)  # 4 ghost batches per step, else ghost BN is plain BN
+    norms = {
+        f"ResNet50V2 {n}" + (f" (ghost {ghost})" if n == "ghost_batchnorm" else ""): (
+            lambda n=n: apps.ResNet50V2(
+                normalization=n, virtual_batch_size=ghost if n == "ghost_batchnorm" else None, **common
+            )
+        )
+        for n in NORMALIZATIONS
+    }
+    groups = {"keras": ("ours vs keras.applications", pairs), "normalizations": ("normalizations (ResNet50V2)", norms)}
     results = {}
-    for title, group in (("ours vs keras.applications", pairs), ("normalizations (ResNet50V2)", norms)):
+    for title, group in (groups[g] for g in args.groups.split(",")):
         fns, firsts = {}, {}
         for name, make in group.items():
             keras.backend.clear_session()
@@ -66,7 +78,9 @@ def main():
             rows.append((name, f"{args.batch_size / sec:.1f}", f"{ref / sec:.2f}x", f"{firsts[name]:.1f}"))
         print(f"\n{title}: batch {args.batch_size}, {args.input_size}px, {'GPU fp16+XLA' if args.gpu else 'CPU fp32'}")
         print(_common.table(("model", "img/s", "vs first row", "first step s"), rows))
-    print("\nwrote", _common.write("train_throughput" + ("_gpu" if args.gpu else "_cpu"), {"args": vars(args), "results": results}))
+    device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    name = f"train_throughput_{device}" + ("_fp16_xla" if args.gpu else "") + ("" if args.groups == "keras,normalizations" else "_" + args.groups.replace(",", "_"))
+    print("\nwrote", _common.write(name, {"args": vars(args), "results": results}))
 
 
 if __name__ == "__main__":
