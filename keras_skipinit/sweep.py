@@ -147,14 +147,20 @@ def _plot(details, args):
 
     fig, axes = plt.subplots(1, len(args.depths), figsize=(5 * len(args.depths), 3.8), sharey=True, squeeze=False)
     for ax, depth in zip(axes[0], args.depths):
-        for key in args.methods:
+        ax.axhline(100 * args.chance, color="gray", lw=0.8, ls="--")
+        for i, key in enumerate(args.methods):
             rows = details[f"{key}/depth{depth}"]
             if not rows:
                 continue
+            color = f"C{i}"
             xs = [r["log2_lr"] for r in rows]
             ys = [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows]
-            ax.plot(xs, ys, marker="o", label=METHODS[key][0])
-        ax.set_title(f"WRN-{depth}-{args.width}")
+            ax.plot(xs, ys, marker="o", color=color, label=METHODS[key][0])
+            # Failed points (diverged or at chance) as crosses on the chance line,
+            # spread a little so overlapping methods stay visible.
+            failed = [r["log2_lr"] + 0.06 * (i - len(args.methods) / 2) for r in rows if r["mean"] is None]
+            ax.plot(failed, [100 * args.chance] * len(failed), "x", color=color, ms=7, mew=2)
+        ax.set_title(f"WRN-{depth}-{args.width} (x: failed, at chance or diverged)")
         ax.set_xlabel("log2 learning rate")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"test accuracy (%), best {args.best_k} of {args.seeds}")
