@@ -290,6 +290,18 @@ class TrainingMonitor(keras.callbacks.Callback):
             self.checkpoint.save(self.model, self.epoch, self.step)
 
 
+class EpochProgress(keras.callbacks.ProgbarLogger):
+    """Keras' progress display, counting epochs out of the whole run
+    ("Epoch 3/12") although `train` calls fit once per epoch."""
+
+    def __init__(self, total_epochs):
+        super().__init__()
+        self.total_epochs = total_epochs
+
+    def set_params(self, params):
+        super().set_params({**params, "epochs": self.total_epochs})
+
+
 def train(config):
     """Trains per `config`; returns the results dict (also in results.json)."""
     validate(config)
@@ -372,7 +384,7 @@ def _train(config, strategy, start, chief, multi_worker, model_dir, out_dir):
                 epochs=epoch + 1,
                 steps_per_epoch=micro_steps - skip,
                 validation_data=eval_ds,
-                callbacks=[monitor, tensorboard],
+                callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
                 shuffle=False,  # the pipeline shuffles, seeded per epoch
                 verbose=verbose,
             )

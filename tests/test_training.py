@@ -115,6 +115,13 @@ def test_embedded_default_learns_real_digits(tmp_path):
     assert history[0].startswith("epoch,lr,") and len(history) == 4
 
 
+def test_progress_counts_epochs_of_the_whole_run(tmp_path, capsys):
+    """fit runs once per epoch; the display must still read 'Epoch k/N'."""
+    training.train(small_config(tmp_path, epochs=2, steps_per_epoch=2, verbose=2))
+    out = capsys.readouterr().out
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out
+
+
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
     common = dict(normalization="skipinit", alpha_init="one", epochs=1, steps_per_epoch=2, schedule="constant",
                   learning_rate=0.05, batch_size=32)
