@@ -79,7 +79,9 @@ def main():
         print(f"\n{title}: batch {args.batch_size}, {args.input_size}px, {'GPU fp16+XLA' if args.gpu else 'CPU fp32'}")
         print(_common.table(("model", "img/s", "vs first row", "first step s"), rows))
     device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
-    name = f"train_throughput_{device}" + ("_fp16_xla" if args.gpu else "") + ("" if args.groups == "keras,normalizations" else "_" + args.groups.replace(",", "_"))
+    name = f"train_throughput_{device}" + ("_fp16_xla" if args.gpu else "")
+    if args.groups != p.get_default("groups"):
+        name += "_" + args.groups.replace(",", "_")
     print("\nwrote", _common.write(name, {"args": vars(args), "results": results}))
 
 

@@ -262,11 +262,11 @@ def load_source(source):
         keras_path = os.path.join(source, "model.keras")
         if os.path.exists(keras_path):
             return _load_keras(keras_path), spec["preprocessing"]
-        weights = os.path.join(source, "checkpoint", "ckpt.weights.h5")
-        if not os.path.exists(weights):
-            raise ValueError(f"{source} has neither model.keras nor a checkpoint to export.")
         from keras_skipinit import training
 
+        weights = os.path.join(source, "checkpoint", training.Checkpoint.WEIGHTS)
+        if not os.path.exists(weights):
+            raise ValueError(f"{source} has neither model.keras nor a checkpoint to export.")
         model = training.model_from_spec(spec)
         _load_checkpoint_weights(model, weights)
         return model, spec["preprocessing"]

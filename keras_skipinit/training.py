@@ -244,30 +244,31 @@ class Checkpoint:
     atomically (a kill mid-write leaves the previous checkpoint intact).
     Non-chief workers restore from `directory` but write to `write_directory`."""
 
+    WEIGHTS, STATE = "ckpt.weights.h5", "state.json"
+
     def __init__(self, directory, write_directory=None):
         self.directory = directory
         self.write_directory = write_directory or directory
-        self.weights = os.path.join(directory, "ckpt.weights.h5")
-        self.state = os.path.join(directory, "state.json")
 
     def save(self, model, epoch, step_in_epoch):
         out = self.write_directory
         os.makedirs(out, exist_ok=True)
-        tmp = os.path.join(out, "tmp.weights.h5")
+        tmp = os.path.join(out, "tmp." + self.WEIGHTS)
         model.save_weights(tmp)
-        os.replace(tmp, os.path.join(out, "ckpt.weights.h5"))
-        state = os.path.join(out, "state.json")
+        os.replace(tmp, os.path.join(out, self.WEIGHTS))
+        state = os.path.join(out, self.STATE)
         with open(state + ".tmp", "w") as f:
             json.dump({"epoch": epoch, "step_in_epoch": step_in_epoch}, f)
         os.replace(state + ".tmp", state)
 
     def restore(self, model):
         """Returns (epoch, step_in_epoch) to resume from; (0, 0) if none."""
-        if not os.path.exists(self.state):
+        state = os.path.join(self.directory, self.STATE)
+        if not os.path.exists(state):
             return 0, 0
         model.optimizer.build(model.trainable_variables)
-        model.load_weights(self.weights)
-        with open(self.state) as f:
+        model.load_weights(os.path.join(self.directory, self.WEIGHTS))
+        with open(state) as f:
             state = json.load(f)
         return state["epoch"], state["step_in_epoch"]
 
@@ -309,20 +310,22 @@ def train(config):
     strategy = make_strategy(config.strategy)  # multi-worker: before any other TF op
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
-    chief, multi_worker = is_chief(strategy), is_multi_worker(strategy)
-    model_dir = config.model_dir
-    os.makedirs(model_dir, exist_ok=True)
+    os.makedirs(config.model_dir, exist_ok=True)
+    if is_chief(strategy):
+        return _train(config, strategy, config.model_dir, start)
     # Every worker runs the same saves (they may read distributed variables);
     # only the chief's land in model_dir.
-    out_dir = model_dir if chief else tempfile.mkdtemp(prefix="keras_skipinit_worker_")
+    out_dir = tempfile.mkdtemp(prefix="keras_skipinit_worker_")
     try:
-        return _train(config, strategy, start, chief, multi_worker, model_dir, out_dir)
+        return _train(config, strategy, out_dir, start)
     finally:
-        if not chief:
-            shutil.rmtree(out_dir, ignore_errors=True)
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _train(config, strategy, start, chief, multi_worker, model_dir, out_dir):
+def _train(config, strategy, out_dir, start):
+    """The run itself; writes go to `out_dir` (model_dir, or a non-chief
+    worker's scratch directory), checkpoints are read from model_dir."""
+    model_dir, chief, multi_worker = config.model_dir, is_chief(strategy), is_multi_worker(strategy)
 
     dataset = data_lib.load(config.dataset, config.data_dir)
     replicas = strategy.num_replicas_in_sync
@@ -362,10 +365,9 @@ def _train(config, strategy, start, chief, multi_worker, model_dir, out_dir):
         )
         if multi_worker:
             enable_multi_worker_fit(model)
+        checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), os.path.join(out_dir, "checkpoint"))
+        epoch, skip = checkpoint.restore(model)  # builds the optimizer's variables: in scope
     write_model_spec(out_dir, config, dataset)
-    checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), os.path.join(out_dir, "checkpoint"))
-    with strategy.scope():
-        epoch, skip = checkpoint.restore(model)
     if (epoch or skip) and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({checkpoint.directory}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch)
