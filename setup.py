@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 setup(
     name="keras_skipinit",
     version="0.1.0",
-    description="SkipInit, Fixup and Ghost Batch Norm residual networks for Keras 3 (TensorFlow backend).",
+    description="SkipInit, Fixup and Ghost Batch Norm residual networks for Keras 3 (models on every backend; training on TensorFlow).",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_skipinit", "keras_skipinit.*"]),
@@ -12,6 +12,9 @@ setup(
         "tensorflow>=2.16,<2.22",
         "keras>=3.3,<4",
         "tensorflow-datasets>=4.9,<5",
+        # tfds 4.9.10 imports it in download_and_prepare but does not declare it
+        # (tensorflow/datasets#11212): every unprepared dataset crashes without it.
+        "importlib_resources>=5",
         "absl-py>=1.4",
         "tensorboard>=2.16",
         "numpy>=1.26",
@@ -21,5 +24,12 @@ setup(
         # PredictionLog protos for TF Serving warm-up requests.
         "tensorflow-serving-api>=2.16,<2.22",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    # jax: the tests of the other Keras backend (tests/test_backends.py); CPU build.
+    extras_require={"test": ["pytest>=7"], "jax": ["jax>=0.4.30"]},
+    entry_points={
+        "console_scripts": [
+            "keras-skipinit-train=keras_skipinit.train_cli:run",
+            "keras-skipinit-export=keras_skipinit.export_cli:run",
+        ]
+    },
 )

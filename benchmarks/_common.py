@@ -8,7 +8,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)
+
+BACKEND = keras.backend.backend()
 
 
 def cpu_name():
@@ -19,15 +21,37 @@ def cpu_name():
         return platform.processor() or platform.machine()
 
 
+def accelerators():
+    """The GPUs the current backend sees (names)."""
+    if BACKEND == "jax":
+        import jax
+
+        return [str(d) for d in jax.devices() if d.platform == "gpu"]
+    if BACKEND == "torch":
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    import tensorflow as tf
+
+    return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
 def machine():
-    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
-    return {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "gpus": gpus,
-        "tensorflow": tf.__version__,
-        "python": platform.python_version(),
-    }
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "gpus": accelerators(), "backend": BACKEND,
+            "keras": keras.__version__, "python": platform.python_version()}
+    if BACKEND == "jax":
+        import jax
+
+        info["jax"] = jax.__version__
+    elif BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        info["tensorflow"] = tf.__version__
+    return info
+
+
+def device():
+    return "gpu" if accelerators() else "cpu"
 
 
 def interleaved(fns, rounds, steps):
@@ -45,7 +69,8 @@ def interleaved(fns, rounds, steps):
 
 def write(name, payload):
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    path = os.path.join(os.path.dirname(__file__), "results", f"{name}.json")
+    suffix = "" if BACKEND == "tensorflow" else f"_{BACKEND}"  # TensorFlow keeps the earlier file names
+    path = os.path.join(os.path.dirname(__file__), "results", f"{name}{suffix}.json")
     with open(path, "w") as f:
         json.dump({"machine": machine(), **payload}, f, indent=2)
     return path

@@ -1,9 +1,11 @@
-"""Depth scaling of WRN n-k: build time, first step (trace/compile) time,
-steady step time and peak memory, each depth in a fresh process; and whether
-a 10,000-layer network builds.
+"""Depth scaling of WRN n-k, unrolled against looped (loop_blocks=True, with
+and without remat): build time, first step (trace/compile) time, steady step
+time, peak RSS, each depth and form in a fresh process; real digits (the
+embedded MNIST, 28x28) so the loss can be seen to fall.
 
-    python benchmarks/depth_scaling.py                 # 16, 100, 1000 + 10,000 build
-    python benchmarks/depth_scaling.py --depths=16,100 --no_build_10000
+    python benchmarks/depth_scaling.py                     # WRN-16/100/1000-2, all three forms
+    python benchmarks/depth_scaling.py --width=1 --depths=10000 --forms=looped,looped_remat --batch_size=8
+    KERAS_BACKEND=jax python benchmarks/depth_scaling.py --depths=16,100
 """
 
 import argparse
@@ -17,35 +19,41 @@ import _common
 
 CHILD = r"""
 import json, resource, sys, time, statistics
-import numpy as np, keras, tensorflow as tf
+import numpy as np, keras
 from keras_skipinit import applications as apps
-depth, width, batch, normalization, steps, build_only = json.loads(sys.argv[1])
+from keras_skipinit import analysis
+depth, width, batch, normalization, steps, build_only, form, lr = json.loads(sys.argv[1])
 start = time.perf_counter()
-model = apps.WideResNet(depth, width, normalization=normalization)
-out = {"depth": depth, "layers": len(model.layers), "params": model.count_params(),
+model = apps.WideResNet(depth, width, input_shape=(28, 28, 1), normalization=normalization,
+                        loop_blocks=form != "unrolled", remat=form == "looped_remat")
+out = {"depth": depth, "form": form, "layers": len(model.layers), "params": model.count_params(),
        "build_s": time.perf_counter() - start}
 if not build_only:
-    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=keras.losses.CategoricalCrossentropy())
-    x = tf.constant(np.random.default_rng(0).standard_normal((batch, 32, 32, 3)).astype("float32"))
-    y = tf.one_hot(np.arange(batch) % 10, 10)
-    start = time.perf_counter(); model.train_on_batch(x, y); out["first_step_s"] = time.perf_counter() - start
+    model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9), loss=keras.losses.CategoricalCrossentropy())
+    n = batch * (steps + 1)  # steps + 1 different batches of real digits
+    x_all, labels = analysis.real_digits(n, seed=0, with_labels=True)
+    y_all = np.eye(10, dtype="float32")[labels]
+    batches = [(x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]) for i in range(steps + 1)]
+    start = time.perf_counter(); losses = [float(model.train_on_batch(*batches[0]))]
+    out["first_step_s"] = time.perf_counter() - start
     times = []
-    for _ in range(steps):
-        start = time.perf_counter(); model.train_on_batch(x, y); times.append(time.perf_counter() - start)
+    for xb, yb in batches[1:]:
+        start = time.perf_counter(); losses.append(float(model.train_on_batch(xb, yb))); times.append(time.perf_counter() - start)
     out["step_s"] = statistics.median(times)
     out["images_per_s"] = batch / out["step_s"]
+    out["losses"] = losses
 out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 print("RESULT " + json.dumps(out))
 """
 
 
-def measure(depth, args, build_only=False):
-    spec = json.dumps([depth, args.width, args.batch_size, args.normalization, args.steps, build_only])
+def measure(depth, form, args, build_only=False):
+    spec = json.dumps([depth, args.width, args.batch_size, args.normalization, args.steps, build_only, form, args.lr])
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True, timeout=args.timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
-        return {"depth": depth, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200],
+        return {"depth": depth, "form": form, "error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200],
                 "wall_s": time.perf_counter() - start}
     return json.loads(lines[-1][7:])
 
@@ -57,22 +65,35 @@ def main():
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--normalization", default="skipinit")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--no_build_10000", action="store_true")
+    p.add_argument("--forms", default="unrolled,looped,looped_remat")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--build_10000", action="store_true", help="also build (only) a 10,000-layer WRN in each form")
+    p.add_argument("--name", default="depth_scaling", help="results/<name>.json")
     p.add_argument("--timeout", type=int, default=1800)
     args = p.parse_args()
-    results = [measure(int(d), args) for d in args.depths.split(",")]
-    if not args.no_build_10000:
-        results.append(measure(10_000, args, build_only=True))
+    forms = args.forms.split(",")
+    results = []
+    for depth in (int(d) for d in args.depths.split(",")):
+        for form in forms:
+            results.append(measure(depth, form, args))
+            print(json.dumps(results[-1]), flush=True)
+    if args.build_10000:
+        results += [measure(10_000, form, args, build_only=True) for form in forms]
     rows = [
-        (f"WRN-{r['depth']}-{args.width}", r.get("layers", "-"), f"{r['build_s']:.1f}" if "build_s" in r else "-",
+        (f"WRN-{r['depth']}-{args.width}", r["form"], r.get("layers", "-"),
+         f"{r['build_s']:.1f}" if "build_s" in r else "-",
          f"{r['first_step_s']:.1f}" if "first_step_s" in r else "-", f"{r['step_s']:.3f}" if "step_s" in r else "-",
          f"{r['images_per_s']:.0f}" if "images_per_s" in r else "-",
-         f"{r['peak_rss_gib']:.2f}" if "peak_rss_gib" in r else "-", r.get("error", ""))
+         f"{r['peak_rss_gib']:.2f}" if "peak_rss_gib" in r else "-",
+         " > ".join(f"{v:.2f}" for v in r["losses"][:: max(1, len(r["losses"]) // 4)]) if "losses" in r else "",
+         r.get("error", ""))
         for r in results
     ]
-    print(f"{args.normalization}, batch {args.batch_size}, 32x32 inputs, each depth in a fresh process")
-    print(_common.table(("model", "layers", "build s", "first step s", "step s", "img/s", "peak RSS GiB", "error"), rows))
-    print("wrote", _common.write("depth_scaling", {"args": vars(args), "results": results}))
+    print(f"{_common.BACKEND}: {args.normalization}, batch {args.batch_size}, 28x28 real digits, lr {args.lr}, "
+          "each depth and form in a fresh process")
+    print(_common.table(("model", "form", "layers", "build s", "first step s", "step s", "img/s", "peak RSS GiB",
+                         "loss", "error"), rows))
+    print("wrote", _common.write(args.name, {"args": vars(args), "results": results}))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import time
 import _common
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_skipinit import applications as apps
 from keras_skipinit.normalization import NORMALIZATIONS
@@ -23,8 +22,8 @@ def step_fn(model, batch, size, classes, xla):
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                   loss=keras.losses.CategoricalCrossentropy(), jit_compile=xla)
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.standard_normal((batch, size, size, 3)).astype("float32"))
-    y = tf.one_hot(rng.integers(0, classes, batch), classes)
+    x = rng.standard_normal((batch, size, size, 3)).astype("float32")
+    y = np.eye(classes, dtype="float32")[rng.integers(0, classes, batch)]
     start = time.perf_counter()
     model.train_on_batch(x, y)  # trace + compile
     first = time.perf_counter() - start
@@ -34,6 +33,8 @@ def step_fn(model, batch, size, classes, xla):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--gpu", action="store_true", help="mixed precision (float16) + XLA")
+    p.add_argument("--dtype_policy", default=None, help="float32, mixed_float16 or mixed_bfloat16 (default: "
+                   "mixed_float16 with --gpu, else float32)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--input_size", type=int, default=112)
     p.add_argument("--classes", type=int, default=1000)
@@ -41,9 +42,10 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--groups", default="keras,normalizations", help="comma list of: keras, normalizations")
     args = p.parse_args()
+    policy = args.dtype_policy or ("mixed_float16" if args.gpu else "float32")
+    keras.config.set_dtype_policy(policy)
     if args.gpu:
-        keras.config.set_dtype_policy("mixed_float16")
-        if not tf.config.list_physical_devices("GPU"):
+        if _common.device() == "cpu":
             print("warning: --gpu without a GPU: float16 + XLA on the CPU checks the code path, not GPU speed")
     shape = (args.input_size, args.input_size, 3)
     common = dict(input_shape=shape, classes=args.classes)
@@ -76,10 +78,11 @@ def main():
             results[name] = {"images_per_s": args.batch_size / sec, "step_s": sec, "first_step_s": firsts[name],
                              "relative_to_first_row": ref / sec}
             rows.append((name, f"{args.batch_size / sec:.1f}", f"{ref / sec:.2f}x", f"{firsts[name]:.1f}"))
-        print(f"\n{title}: batch {args.batch_size}, {args.input_size}px, {'GPU fp16+XLA' if args.gpu else 'CPU fp32'}")
+        print(f"\n{title}: batch {args.batch_size}, {args.input_size}px, {_common.BACKEND}, {_common.device()}, {policy}{' + XLA' if args.gpu else ''}")
         print(_common.table(("model", "img/s", "vs first row", "first step s"), rows))
-    device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
-    name = f"train_throughput_{device}" + ("_fp16_xla" if args.gpu else "")
+    name = f"train_throughput_{_common.device()}" + ("_fp16_xla" if args.gpu else "")
+    if args.dtype_policy:
+        name += "_" + args.dtype_policy
     if args.groups != p.get_default("groups"):
         name += "_" + args.groups.replace(",", "_")
     print("\nwrote", _common.write(name, {"args": vars(args), "results": results}))

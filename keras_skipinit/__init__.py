@@ -1,12 +1,28 @@
 """keras_skipinit: deep residual networks with or without normalization.
 
 SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and Ghost Batch Norm
-for Keras 3 on TensorFlow.
+for Keras 3. The models, layers, analysis, LSUV, optimizer and schedules run
+on every Keras backend (TensorFlow, JAX, PyTorch); training, data, serving
+and the sweeps are TensorFlow code (tf.data, tf.distribute, SavedModel) and
+are imported when first used, so `import keras_skipinit` needs no TensorFlow.
 """
 
-# training and schedules register the optimizer and schedule saved in .keras files.
-from keras_skipinit import applications, layers, normalization, schedules, training
+import importlib
+
+# optimizers and schedules register the optimizer and schedule saved in .keras files.
+from keras_skipinit import analysis, applications, layers, lsuv, normalization, optimizers, schedules
 from keras_skipinit.layers import FixupBias, GhostBatchNormalization, SkipInitScale
 
 __version__ = "0.1.0"
-__all__ = ["applications", "layers", "normalization", "schedules", "training", "FixupBias", "GhostBatchNormalization", "SkipInitScale"]
+TENSORFLOW_MODULES = ("data", "run_dir", "serving", "sweep", "tfds_prepare", "training", "train_cli", "export_cli")
+__all__ = [
+    "analysis", "applications", "layers", "lsuv", "normalization", "optimizers", "schedules",
+    *TENSORFLOW_MODULES, "FixupBias", "GhostBatchNormalization", "SkipInitScale",
+]
+
+
+def __getattr__(name):
+    """`keras_skipinit.training` etc.: TensorFlow modules, imported on first use."""
+    if name in TENSORFLOW_MODULES:
+        return importlib.import_module(f"keras_skipinit.{name}")
+    raise AttributeError(f"module 'keras_skipinit' has no attribute {name!r}")

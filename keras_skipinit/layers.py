@@ -15,10 +15,14 @@ import math
 import numbers
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 _PACKAGE = "keras_skipinit"
+
+
+def _is_int(value):
+    """A Python or numpy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_finite_number(name, value):
@@ -90,13 +94,13 @@ def fixup_kernel_initializer(num_branches, branch_layers, seed=None):
     branch. The result is a plain `VarianceScaling` (fan-in, untruncated
     normal), so the standard deviation is ``sqrt(2/fan_in) * L^(-1/(2m-2))``.
     """
-    if not isinstance(num_branches, int) or num_branches < 1:
+    if not _is_int(num_branches) or num_branches < 1:
         raise ValueError(f"num_branches must be a positive int, got {num_branches!r}.")
-    if not isinstance(branch_layers, int) or branch_layers < 2:
+    if not _is_int(branch_layers) or branch_layers < 2:
         raise ValueError(
             f"branch_layers (m) must be an int >= 2 for Fixup's L^(-1/(2m-2)), got {branch_layers!r}."
         )
-    multiplier = num_branches ** (-1.0 / (2 * branch_layers - 2))
+    multiplier = int(num_branches) ** (-1.0 / (2 * int(branch_layers) - 2))
     return keras.initializers.VarianceScaling(
         scale=2.0 * multiplier**2,
         mode="fan_in",
@@ -156,7 +160,7 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("GhostBatchNormalization does not support masks.")
         if not (training and self.trainable and self.virtual_batch_size):
             return super().call(inputs, training=training)
-        x = tf.cast(inputs, "float32")
+        x = ops.cast(inputs, "float32")
         outputs, mean, variance = self._ghost_normalize(x)
         momentum = self.momentum
         self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
@@ -167,41 +171,39 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
         """Normalizes each ghost batch of `x` (float32, channels last).
 
         Example i belongs to ghost batch i // virtual_batch_size; per-example
-        sums over positions are combined per ghost batch with segment sums
+        means over positions are combined per ghost batch with segment sums
         (no padding: cost independent of how the batch size relates to the
-        ghost size). Two passes (mean, then centred squares) as in
-        `BatchNormalization`. Returns the output and the example-weighted
-        averages of the ghost means and variances, each of shape (channels,).
+        ghost size; every example has the same number of positions, so the
+        mean of per-example means is the ghost batch mean). Two passes (mean,
+        then centred squares) as in `BatchNormalization`. Returns the output
+        and the example-weighted averages of the ghost means and variances,
+        each of shape (channels,). Written in `keras.ops`: any backend.
         """
         rank = len(x.shape)
-        spatial = list(range(1, rank - 1))
-        batch = tf.shape(x)[0]
-        segment = tf.range(batch) // self.virtual_batch_size
+        spatial = tuple(range(1, rank - 1))
+        batch = ops.shape(x)[0]  # an int, or a scalar tensor for a dynamic batch under TF
+        segment = ops.floor_divide(ops.arange(batch), self.virtual_batch_size)
         num_ghost = (batch + self.virtual_batch_size - 1) // self.virtual_batch_size
-        positions = tf.cast(tf.reduce_prod(tf.shape(x)[1:-1]), "float32")
-        count = tf.math.unsorted_segment_sum(tf.ones([batch]), segment, num_ghost)[:, None] * positions
 
         def per_ghost(values):  # [batch, ...spatial, C] -> [num_ghost, C]
-            per_example = tf.reduce_sum(values, spatial) if spatial else values
-            return tf.math.unsorted_segment_sum(per_example, segment, num_ghost) / count
+            per_example = ops.mean(values, axis=spatial) if spatial else values
+            return ops.segment_sum(per_example, segment, num_segments=num_ghost) / count
 
         def per_example(stat):  # [num_ghost, C] -> broadcastable to x
-            return tf.reshape(tf.gather(stat, segment), tf.concat([[batch], [1] * (rank - 2), [-1]], 0))
+            return ops.reshape(ops.take(stat, segment, axis=0), (-1,) + (1,) * (rank - 2) + (x.shape[-1],))
 
+        ones = ops.ones_like(x[(slice(None),) + (0,) * (rank - 1)])[:, None]  # [batch, 1]
+        count = ops.segment_sum(ones, segment, num_segments=num_ghost)  # examples per ghost batch
         mean = per_ghost(x)
         centered = x - per_example(mean)
-        variance = per_ghost(tf.square(centered))
-        normalized = centered * per_example(tf.math.rsqrt(variance + self.epsilon))
+        variance = per_ghost(ops.square(centered))
+        normalized = centered * per_example(ops.rsqrt(variance + self.epsilon))
         if self.scale:
-            normalized = normalized * tf.cast(self.gamma, "float32")
+            normalized = normalized * ops.cast(self.gamma, "float32")
         if self.center:
-            normalized = normalized + tf.cast(self.beta, "float32")
-        weights = count / tf.reduce_sum(count)
-        return (
-            tf.ensure_shape(normalized, x.shape),
-            tf.reduce_sum(mean * weights, 0),
-            tf.reduce_sum(variance * weights, 0),
-        )
+            normalized = normalized + ops.cast(self.beta, "float32")
+        weights = count / ops.sum(count)
+        return normalized, ops.sum(mean * weights, axis=0), ops.sum(variance * weights, axis=0)
 
     def get_config(self):
         config = super().get_config()

@@ -46,6 +46,7 @@ class Recipe:
     num_blocks: int  # d (SkipInit) = L (Fixup): number of residual branches
     branch_layers: int  # m (Fixup): weight layers per residual branch
     virtual_batch_size: int | None = None
+    bn_momentum: float = 0.99  # Keras' default; PyTorch's momentum=0.1 is 0.9 here
     alpha: float | None = None  # SkipInit multiplier init; None: no multiplier
     conv_bias: bool | None = None  # None: the architecture's default per conv
     dropout_rate: float = 0.0
@@ -53,6 +54,8 @@ class Recipe:
     v1_merge_bias: bool = False  # SkipInit App. F scalar bias before the final ReLU
     fixup: bool = False
     nf_beta: float | None = None  # NF-ResNet branch scale beta; None: not an NF model
+    loop_blocks: bool = False  # runs of identical blocks as one loop (`looped`)
+    remat: bool = False  # recompute the looped blocks' insides in the backward pass
 
     @property
     def normalized(self):
@@ -79,12 +82,15 @@ def resolve(
     branch_layers,
     virtual_batch_size=None,
     default_virtual_batch_size,
+    bn_momentum=None,
     alpha_init=None,
     use_bias=None,
     dropout_rate=None,
     default_regularized_dropout,
     v1=False,
     nf_beta=None,
+    loop_blocks=False,
+    remat=False,
 ):
     """Validates the method options and returns the `Recipe` for a model."""
     if normalization not in NORMALIZATIONS:
@@ -92,6 +98,11 @@ def resolve(
     if virtual_batch_size is not None and normalization != "ghost_batchnorm":
         raise ValueError(
             "virtual_batch_size applies only to normalization='ghost_batchnorm', "
+            f"got normalization={normalization!r}."
+        )
+    if bn_momentum is not None and normalization not in ("batchnorm", "ghost_batchnorm"):
+        raise ValueError(
+            "bn_momentum applies only to normalization='batchnorm' or 'ghost_batchnorm', "
             f"got normalization={normalization!r}."
         )
     skipinit = normalization in ("skipinit", "regularized_skipinit")
@@ -104,6 +115,15 @@ def resolve(
         raise ValueError(f"nf_beta applies only to normalization='nf', got normalization={normalization!r}.")
     if normalization == "nf" and v1:
         raise ValueError("normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, not ResNet-V1.")
+    if not isinstance(loop_blocks, bool) or not isinstance(remat, bool):
+        raise ValueError(f"loop_blocks and remat must be True or False, got {loop_blocks!r}, {remat!r}.")
+    if remat and not loop_blocks:
+        raise ValueError("remat applies to the looped blocks: pass loop_blocks=True too.")
+    if loop_blocks and normalization == "nf":
+        raise ValueError(
+            "normalization='nf' has no looped form: its analytic scale 1/sqrt(Var[x]) differs in every block, "
+            "so the blocks of a stage are not identical; use loop_blocks=False."
+        )
     if use_bias is not None and not isinstance(use_bias, bool):
         raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
     if dropout_rate is not None:
@@ -111,6 +131,11 @@ def resolve(
         if not 0.0 <= dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
     options = {}
+    if bn_momentum is not None:
+        bn_momentum = ksl._check_finite_number("bn_momentum", bn_momentum)
+        if not 0.0 <= bn_momentum < 1.0:
+            raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum}.")
+        options["bn_momentum"] = bn_momentum
     if normalization == "ghost_batchnorm":
         vbs = default_virtual_batch_size if virtual_batch_size is None else virtual_batch_size
         if isinstance(vbs, bool) or not isinstance(vbs, numbers.Integral) or vbs < 1:
@@ -137,7 +162,7 @@ def resolve(
         options["conv_bias"] = use_bias
     if dropout_rate is not None:
         options["dropout_rate"] = dropout_rate
-    return Recipe(normalization, num_blocks, branch_layers, **options)
+    return Recipe(normalization, num_blocks, branch_layers, loop_blocks=loop_blocks, remat=remat, **options)
 
 
 class BlockOps:
@@ -157,6 +182,35 @@ class BlockOps:
         # for unit-variance inputs (the stem's WS conv preserves variance).
         self.expected_var = 1.0
 
+    def stack(self, x, specs, block, expansion=1):
+        """Residual blocks `specs` [(prefix, filters, stride)] built by
+        `block(x, ops, filters, stride, prefix)`. In the looped form
+        (`recipe.loop_blocks`), each run of two or more consecutive identity
+        blocks (stride 1, input channels = expansion * filters) is one
+        `looped.RepeatedBlocks` layer over a template built by `block`."""
+        i = 0
+        while i < len(specs):
+            prefix, filters, stride = specs[i]
+            end = i + 1
+            if self.recipe.loop_blocks and stride == 1 and x.shape[-1] == expansion * filters:
+                while end < len(specs) and tuple(specs[end][1:]) == (filters, 1):
+                    end += 1
+            if end - i >= 2:
+                x = self._repeat(x, [p for p, _, _ in specs[i:end]], block, filters)
+            else:
+                x = block(x, self, filters, stride, prefix)
+            i = end
+        return x
+
+    def _repeat(self, x, prefixes, block, filters):
+        from keras_skipinit import looped
+
+        template_input = keras.Input(shape=x.shape[1:], dtype=x.dtype)
+        template = keras.Model(template_input, block(template_input, self, filters, 1, prefixes[0]),
+                               name=prefixes[0] + "_template")
+        return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
+                                     name=f"{prefixes[0]}_x{len(prefixes)}")(x)
+
     def _init_seed(self):
         if self._seed is None:
             return None
@@ -167,9 +221,11 @@ class BlockOps:
         """BN or ghost BN (SkipInit App. A); the identity without normalization."""
         r = self.recipe
         if r.normalization == "batchnorm":
-            return keras.layers.BatchNormalization(epsilon=1.001e-5, name=name)(x)
+            return keras.layers.BatchNormalization(momentum=r.bn_momentum, epsilon=1.001e-5, name=name)(x)
         if r.normalization == "ghost_batchnorm":
-            return ksl.GhostBatchNormalization(r.virtual_batch_size, epsilon=1.001e-5, name=name)(x)
+            return ksl.GhostBatchNormalization(
+                r.virtual_batch_size, momentum=r.bn_momentum, epsilon=1.001e-5, name=name
+            )(x)
         return x
 
     def act(self, x, name):

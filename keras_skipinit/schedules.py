@@ -6,21 +6,35 @@
 - 'imagenet' (SkipInit §5): linear warm-up from 0 over 5/90 of training,
   constant for 40/90, then halved every 5/90: drops at 45, 50, ..., 85 of 90.
 - 'constant'.
+
+Each schedule is data: its phases in units of 1/D of training (`FRACTIONS`).
+`PaperSchedule` evaluates it in exact integer arithmetic on the optimizer
+step with `keras.ops` (any backend), so a drop that falls on a step happens
+at that step.
 """
 
+import math
+
 import keras
-import tensorflow as tf
+from keras import ops
 
 SCHEDULES = ("cifar", "imagenet", "constant")
+# kind -> (D, end of warm-up, end of the constant phase), in units of 1/D of
+# training; the learning rate halves every 1/D after the constant phase.
+FRACTIONS = {"cifar": (20, 0, 10), "imagenet": (18, 1, 9)}
 
 
 def phases(kind, epochs):
     """(end of warm-up, end of the constant phase, epochs between halvings)."""
-    if kind == "cifar":
-        return 0.0, 0.5 * epochs, 0.05 * epochs
-    if kind == "imagenet":
-        return epochs * 5 / 90, epochs * 45 / 90, epochs * 5 / 90
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}.")
+    if kind not in FRACTIONS:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}.")
+    d, warmup, constant = FRACTIONS[kind]
+    return epochs * warmup / d, epochs * constant / d, epochs / d
+
+
+# Slack on the number of halvings, so that a drop falling exactly on a step
+# happens at that step despite rounding ((2.6 - 2) / 0.2 = 2.9999999999999996).
+_SLACK = 1e-9
 
 
 def lr_at_epoch(kind, epoch, base_lr, epochs):
@@ -30,31 +44,37 @@ def lr_at_epoch(kind, epoch, base_lr, epochs):
     warmup, constant, every = phases(kind, epochs)
     if epoch < warmup:
         return base_lr * epoch / warmup
-    if epoch < constant:
-        return base_lr
-    return base_lr * 0.5 ** (int((epoch - constant) // every) + 1)
+    halvings = math.floor((epoch - constant) / every + _SLACK) + 1
+    return base_lr * 0.5 ** max(halvings, 0)
 
 
 @keras.saving.register_keras_serializable(package="keras_skipinit")
 class PaperSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """`lr_at_epoch` as a Keras schedule of the optimizer step."""
+    """`lr_at_epoch` as a Keras schedule of the optimizer step (the number
+    of updates; `steps_per_epoch * epochs` must be a whole number of steps)."""
 
     def __init__(self, kind, base_lr, steps_per_epoch, epochs):
         if kind not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}.")
         self.kind, self.base_lr = kind, float(base_lr)
         self.steps_per_epoch, self.epochs = int(steps_per_epoch), float(epochs)
+        total = self.steps_per_epoch * self.epochs
+        if total != round(total) or total < 1:
+            raise ValueError(f"steps_per_epoch * epochs must be a positive whole number of steps, got {total}.")
+        self.total_steps = int(round(total))
 
     def __call__(self, step):
-        epoch = tf.cast(step, tf.float32) / self.steps_per_epoch
-        base = tf.constant(self.base_lr, tf.float32)
+        base = ops.convert_to_tensor(self.base_lr, "float32")
         if self.kind == "constant":
             return base
-        warmup, constant, every = phases(self.kind, self.epochs)
-        drops = tf.floor((epoch - constant) / every) + 1
-        decayed = base * tf.pow(0.5, tf.maximum(drops, 0.0))
-        warm = base * epoch / warmup if warmup > 0 else base
-        return tf.where(epoch < warmup, warm, tf.where(epoch < constant, base, decayed))
+        d, warmup, constant = FRACTIONS[self.kind]
+        position = ops.cast(step, "int32") * d  # in units of total_steps / d
+        halvings = ops.maximum(ops.floor_divide(position, self.total_steps) - constant + 1, 0)
+        lr = base * ops.power(0.5, ops.cast(halvings, "float32"))
+        if warmup:
+            warm = base * ops.cast(position, "float32") / float(warmup * self.total_steps)
+            lr = ops.where(position < warmup * self.total_steps, warm, lr)
+        return lr
 
     def get_config(self):
         return {

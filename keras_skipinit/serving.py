@@ -22,7 +22,6 @@ front of a 3x3 convolution it is kept, since zero padding makes that fold
 inexact at image borders. BNs before a ReLU (pre-activation) are kept.
 """
 
-import json
 import os
 import re
 import shutil
@@ -31,9 +30,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import data as data_lib, layers as ksl
+from keras_skipinit import data as data_lib, layers as ksl, run_dir
 
-PREPROCESSINGS = ("standardize", "imagenet")
+PREPROCESSINGS = run_dir.PREPROCESSINGS
+MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
@@ -131,12 +131,21 @@ def fold(model):
 # --- signatures --------------------------------------------------------------------
 
 
-def _probabilities(model, images):
-    outputs = model(images, training=False)
-    activation = getattr(model.layers[-1], "activation", None)
-    if activation is not keras.activations.softmax:
-        outputs = tf.nn.softmax(outputs)
-    return tf.cast(outputs, tf.float32)
+def _predictions(model, images, k):
+    """Probabilities and top-k for a preprocessed batch; an empty batch gives
+    empty outputs (TF's CPU convolutions reject a batch of 0)."""
+    classes = model.output_shape[-1]
+
+    def run():
+        outputs = model(images, training=False)
+        if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
+            outputs = tf.nn.softmax(outputs)
+        return tf.cast(outputs, tf.float32)
+
+    probabilities = tf.cond(tf.shape(images)[0] > 0, run, lambda: tf.zeros([0, classes], tf.float32))
+    probabilities = tf.ensure_shape(probabilities, [None, classes])
+    scores, top = tf.math.top_k(probabilities, k)
+    return {"probabilities": probabilities, "top_k_classes": top, "top_k_scores": scores}
 
 
 def _serving_functions(model, preprocessing, top_k):
@@ -154,9 +163,7 @@ def _serving_functions(model, preprocessing, top_k):
 
     def outputs(images):
         batch = tf.map_fn(preprocess, images, fn_output_signature=tf.float32)
-        probabilities = _probabilities(model, batch)
-        scores, classes = tf.math.top_k(probabilities, k)
-        return {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
+        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k)
 
     image_shape = [None, height, width, channels] if preprocessing == "standardize" else [None, None, None, channels]
 
@@ -179,11 +186,7 @@ def _serving_functions(model, preprocessing, top_k):
 
     def serve_bytes(image_bytes):
         batch = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec([None, None, channels], tf.float32))
-        if preprocessing == "standardize":
-            batch = tf.ensure_shape(batch, [None, height, width, channels])
-        probabilities = _probabilities(model, batch)
-        scores, classes = tf.math.top_k(probabilities, k)
-        return {"probabilities": probabilities, "top_k_classes": classes, "top_k_scores": scores}
+        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k)
 
     return (
         (serve_images, [tf.TensorSpec(image_shape, tf.uint8, name="images")]),
@@ -221,8 +224,7 @@ def _warmup_records(model, preprocessing, model_name):
 def export(model, base_path, model_name, version=None, overwrite=False, preprocessing="standardize",
            top_k=5, fold_layers=True):
     """Writes a TF Serving SavedModel; returns its directory."""
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", model_name or ""):
-        raise ValueError(f"model_name must be a non-empty name of letters, digits, '_', '-', '.', got {model_name!r}.")
+    check_target(base_path, model_name)
     model_base = os.path.join(base_path, model_name)
     if version is None:
         version = next_version(model_base)
@@ -250,42 +252,51 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
     return path
 
 
-def load_source(source):
-    """(model, preprocessing) from a .keras file or a train.py model_dir
-    (its model.keras, else its latest checkpoint)."""
+def check_target(base_path, model_name):
+    """Validates where an export goes, before any work: `model_name` is one
+    safe path component under `base_path`, which is a directory or absent."""
+    if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
+        raise ValueError(
+            "model_name must be one path component of letters, digits, '_', '-' and '.', not starting with '.' "
+            f"or '-', got {model_name!r}."
+        )
+    if not base_path:
+        raise ValueError("base_path must name a directory, got an empty one")
+    if os.path.exists(base_path) and not os.path.isdir(base_path):
+        raise ValueError(f"base_path {base_path} is a file, not a directory")
+
+
+def model_name_for(path):
+    """A served model name from a file or directory name: characters other
+    than letters, digits, '_', '-', '.' become '_' ('wrn16_lr=0.05' ->
+    'wrn16_lr_0.05')."""
+    base = os.path.basename(os.path.normpath(path))
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(base)[0] if base.endswith(".keras") else base)
+    return name if MODEL_NAME.fullmatch(name) else "model"
+
+
+def load_source(source, preprocessing=None):
+    """(model, preprocessing, description) from a train.py model_dir (its
+    newest state: newest checkpoint, else model.keras) or a .keras file,
+    whose evaluation preprocessing train.py records inside it. A .keras file
+    without that record needs `preprocessing`; it is never guessed. An
+    explicit `preprocessing` overrides the recorded one."""
+    if preprocessing is not None and preprocessing not in PREPROCESSINGS:
+        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}.")
     if os.path.isdir(source):
-        spec_path = os.path.join(source, "model_spec.json")
-        if not os.path.exists(spec_path):
-            raise ValueError(f"{source} is not a train.py model_dir (no model_spec.json).")
-        with open(spec_path) as f:
-            spec = json.load(f)
-        keras_path = os.path.join(source, "model.keras")
-        if os.path.exists(keras_path):
-            return _load_keras(keras_path), spec["preprocessing"]
-        from keras_skipinit import training
-
-        weights = os.path.join(source, "checkpoint", training.Checkpoint.WEIGHTS)
-        if not os.path.exists(weights):
-            raise ValueError(f"{source} has neither model.keras nor a checkpoint to export.")
-        model = training.model_from_spec(spec)
-        _load_checkpoint_weights(model, weights)
-        return model, spec["preprocessing"]
-    if not os.path.exists(source):
+        if not os.path.exists(os.path.join(source, run_dir.SPEC)):
+            raise ValueError(f"{source} is not a train.py model_dir (no {run_dir.SPEC}).")
+        model, recorded, description = run_dir.newest_model(source)
+    elif os.path.exists(source):
+        model, description = run_dir.load_keras(source), source
+        recorded = (run_dir.keras_metadata(source) or {}).get("preprocessing")
+        if recorded is None and preprocessing is None:
+            raise ValueError(
+                f"{source} does not record the preprocessing it was trained with (not saved by train.py); "
+                f"pass --preprocessing={'|'.join(PREPROCESSINGS)}"
+            )
+    else:
         raise ValueError(f"no such model file or model_dir: {source}")
-    return _load_keras(source), "standardize"
-
-
-def _load_keras(path):
-    try:
-        return keras.models.load_model(path, compile=False)  # serving needs no optimizer
-    except Exception as e:  # corrupt or foreign files: one line, not a traceback
-        raise ValueError(f"cannot load {path} as a Keras model: {type(e).__name__}: {str(e).splitlines()[0]}") from e
-
-
-def _load_checkpoint_weights(model, weights):
-    """Checkpoints hold model and optimizer state; restore the model's part."""
-    from keras_skipinit import training
-
-    model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.0, momentum=0.9))
-    model.optimizer.build(model.trainable_variables)
-    model.load_weights(weights)
+    if preprocessing is not None and recorded is not None and preprocessing != recorded:
+        print(f"Note: exporting with preprocessing={preprocessing}; {source} was trained with {recorded}.")
+    return model, preprocessing or recorded, description

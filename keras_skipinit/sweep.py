@@ -1,87 +1,237 @@
-"""Learning-rate sweeps with the papers' protocol (SkipInit §2.3, Table 1).
+"""The papers' depth experiments, run through `training.train` (TensorFlow only).
 
-For each (method, depth) cell: train at every learning rate of a log2 grid
-with n seeds; at each learning rate take the mean and std of the best k of
-the n test accuracies (a diverged run counts as failed, below any
-accuracy); the cell reports the learning rate with the highest mean. A cell
-where every run at every learning rate failed or stayed at chance is "—",
-as in the paper.
+Two protocols, one runner; a preset fills in the paper's settings:
 
-    python -m keras_skipinit.sweep --depths=16,100 --methods=batchnorm,skipinit \
-        --log2_lrs=-4,-3,-2 --seeds=2 --best_k=1 --epochs=3 --out=docs/table1_cpu
+- ``--preset=skipinit_table1`` (SkipInit §2.3, Table 1; App. D, Table 3): for
+  each (method, depth) cell, train at every learning rate of a log2 grid with
+  n seeds; at each learning rate take the mean and std of the best k of the n
+  test accuracies (a diverged or at-chance run counts as failed); the cell
+  reports the learning rate with the highest mean. With ``--extend_grid`` a
+  cell whose best learning rate sits at the edge of the grid gets the next
+  one beyond it, until the optimum is interior or reaches the paper's range
+  2^-10..2^2; a cell where every run failed is extended downwards. The
+  training cross-entropy table selects the lowest losses the same way.
+- ``--preset=fixup_fig3`` (Fixup §4.1, Fig. 3): one epoch at the fixed
+  learning rate 0.1 for each (method, depth) and n seeds; the mean and std of
+  the test accuracy over all seeds and how many runs trained (beat chance).
 
-Every finished run is kept in ``runs.jsonl`` under --out, so an interrupted
-sweep resumes without repeating runs.
+    python -m keras_skipinit.sweep --preset=fixup_fig3 --out=docs/fixup_fig3
+    python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
+
+Every run's results.json is one line of ``runs.jsonl`` under --out, and
+each run keeps its model_dir under --runs_dir, so an interrupted sweep
+resumes where it stopped (a run cut off midway resumes from its checkpoint).
 """
 
 import argparse
 import json
 import math
 import os
+import platform
+import sys
+import time
 
 import numpy as np
 
-# Table 1 of SkipInit: (label, normalization, alpha_init)
+# label, training.Config overrides
 METHODS = {
-    "batchnorm": ("Batch Normalization", "batchnorm", None),
-    "skipinit_one": ("SkipInit (alpha = 1)", "skipinit", "one"),
-    "skipinit_inv_sqrt_d": ("SkipInit (alpha = 1/sqrt(d))", "skipinit", "inv_sqrt_depth"),
-    "skipinit": ("SkipInit (alpha = 0)", "skipinit", "zero"),
-    "sqrt2": ("Divide residual block by sqrt(2)", "sqrt2", None),
-    "none": ("No normalization, no scaling", "none", None),
-    "fixup": ("Fixup", "fixup", None),
+    "batchnorm": ("Batch Normalization", dict(normalization="batchnorm")),
+    "skipinit_one": ("SkipInit (alpha = 1)", dict(normalization="skipinit", alpha_init="one")),
+    "skipinit_inv_sqrt_d": ("SkipInit (alpha = 1/sqrt(d))", dict(normalization="skipinit", alpha_init="inv_sqrt_depth")),
+    "skipinit": ("SkipInit (alpha = 0)", dict(normalization="skipinit", alpha_init="zero")),
+    "sqrt2": ("Divide residual block by sqrt(2)", dict(normalization="sqrt2")),
+    "none": ("No normalization, no scaling", dict(normalization="none")),
+    "fixup": ("Fixup", dict(normalization="fixup")),
+    "lsuv": ("LSUV, no normalization", dict(normalization="none", lsuv=True)),
 }
+PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 
-
-def summarize(runs, best_k, chance):
-    """Per learning rate: mean/std of the best k of n test accuracies.
-
-    `runs`: dicts with 'log2_lr', 'seed', 'status', 'test_top1'. A diverged
-    run counts as accuracy `None` (failed). Returns the best learning rate's
-    summary and all of them; the cell failed if no run beat chance.
-    """
-    by_lr = {}
-    for run in runs:
-        acc = run["test_top1"] if run["status"] == "completed" else None
-        by_lr.setdefault(run["log2_lr"], []).append(acc)
-    rows = []
-    for log2_lr, accs in sorted(by_lr.items()):
-        ranked = sorted((a if a is not None else -math.inf for a in accs), reverse=True)[:best_k]
-        finite = [a for a in ranked if math.isfinite(a)]
-        failed = len(finite) < len(ranked) or not finite or max(finite) <= chance
-        rows.append(
-            {
-                "log2_lr": log2_lr,
-                "runs": len(accs),
-                "diverged": sum(a is None for a in accs),
-                "mean": float(np.mean(finite)) if finite and not failed else None,
-                "std": float(np.std(finite)) if finite and not failed else None,
-            }
-        )
-    scored = [r for r in rows if r["mean"] is not None]
-    best = max(scored, key=lambda r: r["mean"]) if scored else None
-    return best, rows
-
-
+PRESETS = {
+    # Budget arithmetic: docs/skipinit_table1/README.md.
+    "skipinit_table1": dict(
+        protocol="table1", depths="16,100", width=1,
+        methods="batchnorm,skipinit_one,skipinit_inv_sqrt_d,skipinit,sqrt2,none",
+        log2_lrs="-4,-3,-2", seeds=3, best_k=2, extend_grid=True, epochs=1, schedule="cifar",
+        batch_size=64, train_examples=9600, dataset="fashion_mnist", bn_momentum=0.9,
+    ),
+    # Budget arithmetic: docs/fixup_fig3/README.md.
+    "fixup_fig3": dict(
+        protocol="depth", depths="16,52,100", width=1, methods="batchnorm,fixup,skipinit,sqrt2,none,lsuv",
+        lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
+        train_examples=32000, dataset="fashion_mnist", bn_momentum=0.9,
+    ),
+}
 NOT_RUN = "not run"
 
 
-def format_table(cells, depths, methods):
-    """A markdown table shaped like SkipInit Table 1 ("—": every run failed)."""
-    lines = ["| method | " + " | ".join(f"depth {d}: test acc. (lr)" for d in depths) + " |",
-             "|---|" + "---|" * len(depths)]
-    for key in methods:
-        entries = []
-        for depth in depths:
-            best = cells.get((key, depth), NOT_RUN)
-            if best == NOT_RUN:
-                entries.append(NOT_RUN)
-            elif best is None:
-                entries.append("—")
-            else:
-                entries.append(f"{100 * best['mean']:.1f} ± {100 * best['std']:.1f} (2^{best['log2_lr']})")
-        lines.append(f"| {METHODS[key][0]} | " + " | ".join(entries) + " |")
-    return "\n".join(lines)
+def _lr_key(lr):
+    return float(f"{lr:.6g}")
+
+
+def lr_label(lr):
+    log2 = math.log2(lr)
+    return f"2^{int(round(log2))}" if abs(log2 - round(log2)) < 1e-9 else f"{lr:g}"
+
+
+# --- summaries ---------------------------------------------------------------------------
+
+
+def summarize(runs, best_k, chance, key="test_top1", lower_is_better=False):
+    """Per learning rate: mean and std of the best k of n values of `key`.
+
+    A diverged run, or (for accuracy) one at or below `chance`, is failed;
+    a learning rate where one of the best k failed is failed. Returns the best
+    learning rate's row (None if every one failed) and all rows.
+    """
+    by_lr = {}
+    for run in runs:
+        value = run.get(key) if run["status"] == "completed" else None
+        if value is not None and not lower_is_better and value <= chance:
+            value = None
+        by_lr.setdefault(_lr_key(run["lr"]), []).append(value)
+    worst = math.inf if lower_is_better else -math.inf
+    rows = []
+    for lr, values in sorted(by_lr.items()):
+        ranked = sorted((v if v is not None else worst for v in values), reverse=not lower_is_better)[:best_k]
+        failed = not ranked or any(not math.isfinite(v) for v in ranked)
+        rows.append({
+            "lr": lr,
+            "runs": len(values),
+            "failed": sum(v is None for v in values),
+            "mean": None if failed else float(np.mean(ranked)),
+            "std": None if failed else float(np.std(ranked)),
+        })
+    scored = [r for r in rows if r["mean"] is not None]
+    pick = min if lower_is_better else max
+    return (pick(scored, key=lambda r: r["mean"]) if scored else None), rows
+
+
+def grid_edge(best, rows):
+    """Where a cell's best learning rate sits in the grid it was tried on:
+    'interior', 'edge' (a better one may lie beyond) or 'paper bound'
+    (2^-10 or 2^2, the ends of the paper's range)."""
+    lrs = sorted(r["lr"] for r in rows)
+    if lrs[0] < best["lr"] < lrs[-1]:
+        return "interior"
+    return "paper bound" if round(math.log2(best["lr"])) in PAPER_LOG2_RANGE else "edge"
+
+
+def next_log2_lr(best, rows):
+    """The learning rate that --extend_grid tries next for a cell, or None."""
+    log2s = sorted(round(math.log2(r["lr"])) for r in rows)
+    low, high = PAPER_LOG2_RANGE
+    if best is None:  # everything failed: smaller learning rates first
+        return log2s[0] - 1 if log2s[0] > low else None
+    at = round(math.log2(best["lr"]))
+    if at == log2s[0] and at > low:
+        return at - 1
+    if at == log2s[-1] and at < high:
+        return at + 1
+    return None
+
+
+def _cell(best, fmt):
+    if best == NOT_RUN:
+        return NOT_RUN
+    if best is None:
+        return "—"
+    return f"{fmt(best['mean'])} ± {fmt(best['std'])} ({lr_label(best['lr'])})"
+
+
+def table1_tables(runs, args):
+    """SkipInit Table 1 (test accuracy) and App. D Table 3 (training loss),
+    and a per-cell account of the learning-rate grid."""
+    acc_lines = ["| method | " + " | ".join(f"depth {d}: test acc. % (lr)" for d in args.depths) + " |"]
+    ce_lines = ["| method | " + " | ".join(f"depth {d}: train cross-entropy (lr)" for d in args.depths) + " |"]
+    acc_lines.append("|---|" + "---|" * len(args.depths))
+    ce_lines.append(acc_lines[1])
+    grid = ["| method | depth | learning rates tried | best (acc.) | optimum | failed runs / runs |", "|---|---|---|---|---|---|"]
+    details = {}
+    for key in args.methods:
+        accs, ces = [], []
+        for depth in args.depths:
+            subset = [r for r in runs if r["method"] == key and r["depth"] == depth]
+            if not subset:
+                accs.append(NOT_RUN), ces.append(NOT_RUN)
+                continue
+            best, rows = summarize(subset, args.best_k, args.chance)
+            best_ce, ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
+            if best is None:
+                best_ce = None  # no run trained: no training loss to report (as in the paper)
+            accs.append(_cell(best, lambda v: f"{100 * v:.1f}"))
+            ces.append(_cell(best_ce, lambda v: f"{v:.3f}"))
+            tried = sorted(r["lr"] for r in rows)
+            where = grid_edge(best, rows) if best else "all failed"
+            grid.append(
+                f"| {METHODS[key][0]} | {depth} | {lr_label(tried[0])} .. {lr_label(tried[-1])} ({len(tried)}) | "
+                f"{lr_label(best['lr']) if best else '—'} | {where} | {sum(r['failed'] for r in rows)} / {len(subset)} |"
+            )
+            details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows, "optimum": where}
+        acc_lines.append(f"| {METHODS[key][0]} | " + " | ".join(accs) + " |")
+        ce_lines.append(f"| {METHODS[key][0]} | " + " | ".join(ces) + " |")
+    return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details
+
+
+def depth_table(runs, args):
+    """Fixup Fig. 3 as a table: mean ± std test accuracy over all seeds, and
+    how many runs trained (beat chance)."""
+    lines = ["| method | " + " | ".join(f"depth {d}" for d in args.depths) + " |", "|---|" + "---|" * len(args.depths)]
+    details = {}
+    for key in args.methods:
+        cells = []
+        for depth in args.depths:
+            subset = [r for r in runs if r["method"] == key and r["depth"] == depth]
+            if not subset:
+                cells.append(NOT_RUN)
+                continue
+            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in subset]
+            trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in subset)
+            diverged = sum(r["status"] == "diverged" for r in subset)
+            cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(subset)} trained"
+                         + (f", {diverged} diverged" if diverged else "") + ")")
+            details[f"{key}/depth{depth}"] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)),
+                                              "trained": trained, "diverged": diverged, "runs": len(subset),
+                                              "test_top1": [r["test_top1"] for r in subset]}
+        lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), details
+
+
+# --- running -------------------------------------------------------------------------
+
+
+def _machine():
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def _config(args, key, depth, lr, seed):
+    from keras_skipinit import training
+
+    overrides = dict(METHODS[key][1])
+    if overrides["normalization"] in ("batchnorm", "ghost_batchnorm") and args.bn_momentum is not None:
+        overrides["bn_momentum"] = args.bn_momentum
+    return training.Config(
+        depth=depth, width=args.width, learning_rate=lr, epochs=args.epochs, schedule=args.schedule,
+        batch_size=args.batch_size, steps_per_epoch=args.steps_per_epoch, dataset=args.dataset,
+        data_dir=args.data_dir, train_examples=args.train_examples, seed=seed, verbose=0,
+        model_dir=os.path.join(args.runs_dir, f"{key}_d{depth}_lr{lr:.6g}_s{seed}"), **overrides,
+    )
+
+
+def _load_runs(path):
+    runs = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    run = json.loads(line)
+                    runs[(run["method"], run["depth"], _lr_key(run["lr"]), run["seed"])] = run
+    return runs
 
 
 def run_sweep(args):
@@ -89,115 +239,226 @@ def run_sweep(args):
 
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "runs.jsonl")
-    done = {}
-    if os.path.exists(log_path):
-        with open(log_path) as f:
-            for line in f:
-                run = json.loads(line)
-                done[(run["method"], run["depth"], run["log2_lr"], run["seed"])] = run
+    done = _load_runs(log_path)
+    machine = _machine()
+    planned = len(args.depths) * len(args.methods) * len(args.lrs) * args.seeds
+    state = {"new": 0, "seconds": 0.0}
+
+    def run_one(key, depth, lr, seed):
+        ident = (key, depth, _lr_key(lr), seed)
+        if ident in done:
+            return
+        import keras
+
+        keras.backend.clear_session()
+        start = time.time()
+        result = training.train(_config(args, key, depth, lr, seed))
+        state["new"] += 1
+        state["seconds"] += time.time() - start
+        run = {"method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
+               "status": result["status"], "test_top1": result["test_top1"],
+               "train_cross_entropy": result["train_cross_entropy"], "wall_time_s": result["wall_time_s"],
+               "machine": machine, "results": {k: v for k, v in result.items() if k != "chief"}}
+        with open(log_path, "a") as f:
+            f.write(json.dumps(_strict(run)) + "\n")
+        done[ident] = run
+        left = max(planned - len(done), 0)
+        eta = state["seconds"] / state["new"] * left
+        acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
+        print(f"[{len(done)}/{planned}] {key} depth {depth} lr {lr_label(lr)} seed {seed}: {run['status']}, "
+              f"test {acc}, {run['wall_time_s']:.0f} s; about {eta / 60:.0f} min left", flush=True)
+
     for depth in args.depths:
         for key in args.methods:
-            _, normalization, alpha = METHODS[key]
-            for log2_lr in args.log2_lrs:
-                for seed in range(args.seeds):
-                    ident = (key, depth, log2_lr, seed)
-                    if ident in done:
-                        continue
-                    config = training.Config(
-                        depth=depth, width=args.width, normalization=normalization, alpha_init=alpha,
-                        learning_rate=2.0**log2_lr, epochs=args.epochs, batch_size=args.batch_size,
-                        steps_per_epoch=args.steps_per_epoch, dataset=args.dataset, seed=seed, verbose=0,
-                        model_dir=os.path.join(args.runs_dir or os.path.join(args.out, "runs"),
-                                               f"{key}_d{depth}_lr{log2_lr}_s{seed}"),
-                    )
-                    result = training.train(config)
-                    run = {"method": key, "depth": depth, "log2_lr": log2_lr, "seed": seed,
-                           "status": result["status"], "test_top1": result["test_top1"],
-                           "train_cross_entropy": result["train_cross_entropy"],
-                           "wall_time_s": result["wall_time_s"]}
-                    print(json.dumps(run), flush=True)
-                    with open(log_path, "a") as f:
-                        f.write(json.dumps(run) + "\n")
-                    done[ident] = run
+            lrs = list(args.lrs)
+            while True:
+                for lr in lrs:
+                    for seed in range(args.seeds):
+                        run_one(key, depth, lr, seed)
+                if not args.extend_grid:
+                    break
+                cell = [r for r in done.values() if r["method"] == key and r["depth"] == depth]
+                best, rows = summarize(cell, args.best_k, args.chance)
+                step = next_log2_lr(best, rows)
+                if step is None:
+                    break
+                lrs = [2.0**step]
+                planned += args.seeds
     return list(done.values())
 
 
+def _strict(value):
+    from keras_skipinit import run_dir
+
+    return run_dir.strict_json(value)
+
+
+# --- reporting ---------------------------------------------------------------------------
+
+
 def report(runs, args):
-    cells, details = {}, {}
-    for depth in args.depths:
-        for key in args.methods:
-            subset = [r for r in runs if r["method"] == key and r["depth"] == depth]
-            best, rows = summarize(subset, args.best_k, args.chance)
-            cells[(key, depth)] = best if subset else NOT_RUN
-            details[f"{key}/depth{depth}"] = rows
-    table = format_table(cells, args.depths, args.methods)
+    runs = [r for r in runs if r["method"] in args.methods and r["depth"] in args.depths]
+    if args.protocol == "table1":
+        accuracy, cross_entropy, grid, details = table1_tables(runs, args)
+        text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
+                f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
+                f"Learning-rate grid per cell\n\n{grid}\n")
+        _plot_table1(details, args)
+    else:
+        table, details = depth_table(runs, args)
+        text = f"Test accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
+        _plot_depth(details, args)
     with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(table + "\n")
+        f.write(text)
+    seconds = sum(r["wall_time_s"] or 0 for r in runs)
+    command = " ".join(a for a in args.argv if a != "--report_only")  # the command that runs (or resumes) it
+    summary = {"command": "python -m keras_skipinit.sweep " + command, "settings": _settings(args),
+               "machines": sorted({r.get("machine", "?") for r in runs}), "runs": len(runs),
+               "run_time_s": seconds, "cells": details}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(details, f, indent=1)
-    _plot(details, args)
-    return table
+        json.dump(_strict(summary), f, indent=1)
+    return text
 
 
-def _plot(details, args):
+def _settings(args):
+    return {k: v for k, v in vars(args).items() if k not in ("argv", "out", "runs_dir")}
+
+
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(args.depths), figsize=(5 * len(args.depths), 3.8), sharey=True, squeeze=False)
-    for ax, depth in zip(axes[0], args.depths):
-        ax.axhline(100 * args.chance, color="gray", lw=0.8, ls="--")
+    return plt
+
+
+def _plot_table1(details, args):
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(args.depths), figsize=(5 * len(args.depths), 7), sharex="col", squeeze=False)
+    for col, depth in enumerate(args.depths):
+        acc_ax, ce_ax = axes[0][col], axes[1][col]
+        acc_ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--")
         for i, key in enumerate(args.methods):
-            rows = details[f"{key}/depth{depth}"]
-            if not rows:
+            cell = details.get(f"{key}/depth{depth}")
+            if not cell:
                 continue
-            color = f"C{i}"
-            xs = [r["log2_lr"] for r in rows]
-            ys = [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows]
-            ax.plot(xs, ys, marker="o", color=color, label=METHODS[key][0])
-            # Failed points (diverged or at chance) as crosses on the chance line,
-            # spread a little so overlapping methods stay visible.
-            failed = [r["log2_lr"] + 0.06 * (i - len(args.methods) / 2) for r in rows if r["mean"] is None]
-            ax.plot(failed, [100 * args.chance] * len(failed), "x", color=color, ms=7, mew=2)
-        ax.set_title(f"WRN-{depth}-{args.width} (x: failed, at chance or diverged)")
-        ax.set_xlabel("log2 learning rate")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"test accuracy (%), best {args.best_k} of {args.seeds}")
+            color, rows = f"C{i}", cell["test_top1"]
+            xs = [math.log2(r["lr"]) for r in rows]
+            acc_ax.plot(xs, [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows], "o-", color=color,
+                        label=METHODS[key][0])
+            failed = [x + 0.06 * (i - len(args.methods) / 2) for x, r in zip(xs, rows) if r["mean"] is None]
+            acc_ax.plot(failed, [100 * args.chance_level] * len(failed), "x", color=color, ms=7, mew=2)
+            ce = cell["train_cross_entropy"]
+            ce_ax.plot([math.log2(r["lr"]) for r in ce], [r["mean"] if r["mean"] is not None else np.nan for r in ce],
+                       "o-", color=color)
+        acc_ax.set_title(f"WRN-{depth}-{args.width} (x: failed)")
+        ce_ax.set_xlabel("log2 learning rate")
+        ce_ax.set_yscale("log")
+        for ax in (acc_ax, ce_ax):
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"test accuracy %, best {args.best_k} of {args.seeds}")
+    axes[1][0].set_ylabel("training cross-entropy")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
     plt.close(fig)
 
 
+def _plot_depth(details, args):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--", label="chance")
+    for i, key in enumerate(args.methods):
+        points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+        if not points:
+            continue
+        xs = np.array([d for d, _ in points], float) * (1 + 0.02 * (i - len(args.methods) / 2))
+        ax.errorbar(xs, [100 * c["mean"] for _, c in points], yerr=[100 * c["std"] for _, c in points], marker="o",
+                    capsize=3, color=f"C{i}", label=METHODS[key][0])
+        for x, (_, c) in zip(xs, points):
+            ax.scatter([x] * len(c["test_top1"]), [100 * (a if a is not None else args.chance_level) for a in c["test_top1"]],
+                       s=8, color=f"C{i}", alpha=0.4)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(args.depths, [str(d) for d in args.depths])
+    ax.set_xlabel("depth (WRN-n-1 layers)")
+    ax.set_ylabel(f"test accuracy % after {args.epochs} epoch(s)")
+    ax.set_title(f"{args.dataset}: lr {', '.join(lr_label(lr) for lr in args.lrs)}, {args.seeds} seeds (dots: runs)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    plt.close(fig)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
 def _ints(text):
     return [int(v) for v in text.split(",")]
 
 
-def main(argv=None):
+def _floats(text):
+    return [float(v) for v in text.split(",")]
+
+
+def parse_args(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
+    parser.add_argument("--protocol", choices=("table1", "depth"), default="table1")
     parser.add_argument("--depths", type=_ints, default=[16, 100])
     parser.add_argument("--width", type=int, default=1)
     parser.add_argument("--methods", default="batchnorm,skipinit_one,skipinit_inv_sqrt_d,skipinit,sqrt2,none")
-    parser.add_argument("--log2_lrs", type=_ints, default=[-4, -3, -2])
-    parser.add_argument("--seeds", type=int, default=2, help="runs per learning rate (n)")
-    parser.add_argument("--best_k", type=int, default=1, help="best k of n averaged (paper: 5 of 7)")
+    parser.add_argument("--log2_lrs", type=_ints, default=None, help="learning rates 2^k (e.g. -6,-4,-2)")
+    parser.add_argument("--lrs", type=_floats, default=None, help="learning rates as values (e.g. 0.1)")
+    parser.add_argument("--extend_grid", action=argparse.BooleanOptionalAction, default=False,
+                        help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per learning rate (n)")
+    parser.add_argument("--best_k", type=int, default=2, help="best k of n averaged (paper: 5 of 7)")
     parser.add_argument("--chance", type=float, default=0.11,
                         help="accuracy at or below this is a failed run (default: within 1 point of 10-class chance)")
+    parser.add_argument("--chance_level", type=float, default=0.1, help="chance accuracy, drawn in the plots")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--schedule", default="cifar")
     parser.add_argument("--steps_per_epoch", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--train_examples", type=int, default=None)
+    parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
     parser.add_argument("--dataset", default="mnist_embedded")
+    parser.add_argument("--data_dir", default=None)
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
-    parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: <out>/runs)")
+    parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
+    parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
+    args.argv = argv
+    for name in ("depths",):
+        if isinstance(getattr(args, name), str):
+            setattr(args, name, _ints(getattr(args, name)))
+    for name, parse in (("log2_lrs", _ints), ("lrs", _floats)):
+        if isinstance(getattr(args, name), str):
+            setattr(args, name, parse(getattr(args, name)))
+    if args.lrs is None:
+        args.lrs = [2.0**k for k in (args.log2_lrs or [-4, -3, -2])]
     args.methods = args.methods.split(",")
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
     if not 1 <= args.best_k <= args.seeds:
         parser.error("--best_k must be between 1 and --seeds")
-    runs = run_sweep(args)
+    if args.extend_grid and any(abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
+        parser.error("--extend_grid needs a log2 grid (--log2_lrs)")
+    args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    runs = list(_load_runs(os.path.join(args.out, "runs.jsonl")).values()) if args.report_only else run_sweep(args)
     print(report(runs, args))
 
 

@@ -7,7 +7,9 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
   dense kernels, reported separately (`cross_entropy` is the loss without it).
 - Large batches from small ghost batches by gradient accumulation (§3).
 - Fixup's 10x lower learning rate for scalar multipliers and biases
-  (`scalar_lr_multiplier`; exact for SGD with momentum, see `ScalarLRSGD`).
+  (`scalar_lr_multiplier`, by default 0.1 for Fixup as in the authors'
+  CIFAR and ImageNet code, 1 otherwise; exact for SGD with momentum, see
+  `ScalarLRSGD`).
 - MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy from
   TF_CONFIG (with two workarounds for keras-team/keras#20585, see
   `enable_multi_worker_fit`); the chief writes model_dir, other workers
@@ -27,10 +29,10 @@ import tempfile
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import applications, data as data_lib, normalization as norm_lib, schedules
+from keras_skipinit import data as data_lib, lsuv, normalization as norm_lib, run_dir, schedules
+from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = ("wrn", "resnet_v1", "resnet_v2")
 PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
@@ -45,10 +47,16 @@ class Config:
     normalization: str = "skipinit"
     alpha_init: str | float | None = None
     ghost_batch_size: int | None = None
+    bn_momentum: float | None = None
     nf_beta: float | None = None
+    lsuv: bool = False
+    loop_blocks: bool = False
+    remat: bool = False
     dropout: float | None = None
     dataset: str = data_lib.EMBEDDED
     data_dir: str | None = None
+    manual_dir: str | None = None
+    train_examples: int | None = None
     batch_size: int = 32
     accumulation_steps: int = 1
     epochs: int = 12
@@ -58,15 +66,15 @@ class Config:
     momentum: float = 0.9
     l2: float = 5e-4
     mixup_alpha: float = 0.0
-    scalar_lr_multiplier: float = 1.0
+    scalar_lr_multiplier: float | None = None  # None: 0.1 for fixup, else 1 (`scalar_lr`)
     mixed_precision: str = "none"
     xla: bool = False
     strategy: str = "auto"
     seed: int = 0
     model_dir: str = "runs/default"
-    export_dir: str | None = None
     checkpoint_steps: int = 0
     verbose: int | None = None
+    restart: bool = False
 
 
 def validate(config):
@@ -90,12 +98,16 @@ def validate(config):
         raise ValueError(f"learning_rate must be > 0, got {c.learning_rate}")
     if not 0 <= c.momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
-    if c.l2 < 0 or c.mixup_alpha < 0 or c.scalar_lr_multiplier <= 0:
+    if c.l2 < 0 or c.mixup_alpha < 0 or (c.scalar_lr_multiplier is not None and c.scalar_lr_multiplier <= 0):
         raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
     if c.steps_per_epoch is not None and c.steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
     if c.ghost_batch_size is not None and c.normalization != "ghost_batchnorm":
         raise ValueError("ghost_batch_size applies only to normalization=ghost_batchnorm")
+    if c.bn_momentum is not None and c.normalization not in ("batchnorm", "ghost_batchnorm"):
+        raise ValueError("bn_momentum applies only to normalization=batchnorm or ghost_batchnorm")
+    if c.lsuv and c.normalization in ("batchnorm", "ghost_batchnorm", "nf"):
+        raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
     if c.nf_beta is not None and c.normalization != "nf":
         raise ValueError("nf_beta applies only to normalization=nf")
     if c.normalization == "nf" and c.model == "resnet_v1":
@@ -104,6 +116,12 @@ def validate(config):
         raise ValueError(
             f"batch_size ({c.batch_size}) must be divisible by accumulation_steps ({c.accumulation_steps})"
         )
+    if not c.model_dir or not c.model_dir.strip():
+        raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
+    if os.path.exists(c.model_dir) and not os.path.isdir(c.model_dir):
+        raise ValueError(f"--model_dir={c.model_dir} is a file, not a directory")
+    if c.train_examples is not None and c.train_examples < 1:
+        raise ValueError(f"train_examples must be a positive integer, got {c.train_examples}")
 
 
 def make_strategy(name):
@@ -124,10 +142,25 @@ def make_strategy(name):
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
-        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+        return _mirrored(tuple(d.name for d in tf.config.list_logical_devices("CPU")))
     if name == "mirrored" or len(gpus) > 1:
-        return tf.distribute.MirroredStrategy()
+        return _mirrored(tuple(d.name for d in gpus))
     return tf.distribute.get_strategy()
+
+
+_MIRRORED = {}
+
+
+def _mirrored(devices):
+    """One MirroredStrategy per device set and process. A second instance
+    restarts the collective instance keys that the first one's all-reduces
+    already used in this process, and the next all-reduce of a different size
+    aborts ("Shape mismatch in the collective instance 100",
+    tensorflow/tensorflow#62790): two runs in one process (the sweep runner,
+    a notebook, the tests) must share the strategy."""
+    if devices not in _MIRRORED:
+        _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+    return _MIRRORED[devices]
 
 
 def is_multi_worker(strategy):
@@ -168,40 +201,103 @@ def enable_multi_worker_fit(model):
     model.test_step = vectorize(model.test_step)
 
 
-def build_model(config, dataset):
-    kwargs = dict(
-        input_shape=dataset.input_shape,
+def scalar_lr(config):
+    """The learning-rate multiplier of scalar parameters: the flag, else 0.1
+    for Fixup (its authors train multipliers and biases at lr/10 on CIFAR and
+    ImageNet alike; with the full rate Fixup WRN-16-1 diverged at lr 0.1 on
+    Fashion-MNIST in 3 of 3 seeds) and 1 for every other method."""
+    if config.scalar_lr_multiplier is not None:
+        return config.scalar_lr_multiplier
+    return 0.1 if config.normalization == "fixup" else 1.0
+
+
+def model_args(config, dataset):
+    """The model's constructor arguments (`run_dir.build_model`), as
+    recorded in model_spec.json."""
+    args = dict(
+        model=config.model,
+        depth=config.depth,
+        input_shape=list(dataset.input_shape),
         classes=dataset.num_classes,
         normalization=config.normalization,
         virtual_batch_size=config.ghost_batch_size,
+        bn_momentum=config.bn_momentum,
         alpha_init=config.alpha_init,
         nf_beta=config.nf_beta,
         dropout_rate=config.dropout,
         seed=config.seed,
     )
+    if config.loop_blocks or config.remat:  # absent from specs written before the looped form
+        args.update(loop_blocks=config.loop_blocks, remat=config.remat)
     if config.model == "wrn":
-        return applications.WideResNet(config.depth, config.width, **kwargs)
-    return applications.ResNet(config.depth, 1 if config.model == "resnet_v1" else 2, **kwargs)
+        args["width"] = config.width
+    return args
+
+
+def build_model(config, dataset):
+    return run_dir.build_model(model_args(config, dataset))
 
 
 def write_model_spec(model_dir, config, dataset):
     """What export needs to rebuild the model from a checkpoint and to put the
-    evaluation preprocessing in the serving graph (model_spec.json)."""
-    spec = {
+    evaluation preprocessing in the serving graph; the flags, to refuse a
+    model_dir reused with other flags."""
+    run_dir.write_json(os.path.join(model_dir, run_dir.SPEC), {
         "config": dataclasses.asdict(config),
-        "input_shape": list(dataset.input_shape),
-        "num_classes": dataset.num_classes,
-        "preprocessing": "imagenet" if dataset.style == "imagenet" else "standardize",
-    }
-    with open(os.path.join(model_dir, "model_spec.json"), "w") as f:
-        json.dump(spec, f, indent=2)
+        "model": model_args(config, dataset),
+        "preprocessing": preprocessing(dataset),
+    })
 
 
-def model_from_spec(spec):
-    """Rebuilds the (untrained) model described by a model_spec.json dict."""
-    config = Config(**spec["config"])
-    shape = dataclasses.make_dataclass("Shape", ["input_shape", "num_classes"])
-    return build_model(config, shape(tuple(spec["input_shape"]), spec["num_classes"]))
+def preprocessing(dataset):
+    return "imagenet" if dataset.style == "imagenet" else "standardize"
+
+
+# Flags that may differ when a model_dir is reused: where things are read or
+# written, how much is shown, and --epochs (raised to continue a run).
+REUSABLE_FLAGS = ("epochs", "data_dir", "manual_dir", "model_dir", "verbose", "checkpoint_steps", "restart")
+_RUN_FILES = (run_dir.SPEC, run_dir.RESULTS, run_dir.HISTORY, run_dir.MODEL, run_dir.CHECKPOINTS, "tensorboard")
+
+
+def check_model_dir(config, chief=True):
+    """Refuses a model_dir that holds a different run. Returns the stored
+    results of a run that is already complete with these flags, else None.
+    With `config.restart`, the chief first deletes the run's files."""
+    model_dir = config.model_dir
+    spec_path = os.path.join(model_dir, run_dir.SPEC)
+    if config.restart and chief and os.path.exists(spec_path):
+        for name in _RUN_FILES:
+            path = os.path.join(model_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
+    if not os.path.exists(spec_path):
+        if os.path.isdir(model_dir) and os.listdir(model_dir):
+            raise ValueError(
+                f"--model_dir={model_dir} is not empty and holds no keras_skipinit run ({run_dir.SPEC}); "
+                "use a new or empty directory"
+            )
+        return None
+    recorded = {**dataclasses.asdict(Config()), **run_dir.read_spec(model_dir)["config"]}
+    current = dataclasses.asdict(config)
+    differ = [k for k in current if k not in REUSABLE_FLAGS and recorded.get(k) != current[k]]
+    if differ:
+        changes = ", ".join(f"--{k} ({recorded.get(k)!r} there, {current[k]!r} now)" for k in differ)
+        raise ValueError(
+            f"--model_dir={model_dir} holds a run with other flags: {changes}. Use a new --model_dir, "
+            "or --restart to discard that run"
+        )
+    checkpoints = run_dir.Checkpoint(os.path.join(model_dir, run_dir.CHECKPOINTS)).all()
+    trained = checkpoints[0][0] if checkpoints else 0
+    if trained > config.epochs:
+        raise ValueError(
+            f"--epochs={config.epochs} is below the {trained} epochs already trained in {model_dir}; "
+            "raise --epochs, or --restart"
+        )
+    results_path = os.path.join(model_dir, run_dir.RESULTS)
+    if os.path.exists(results_path):
+        results = run_dir.read_json(results_path)
+        if results.get("status") == "diverged" or results.get("epochs_completed", 0) >= config.epochs:
+            return {**results, "already_complete": True}
+    return None
 
 
 def add_l2(model, coefficient):
@@ -213,64 +309,6 @@ def add_l2(model, coefficient):
     for variable in model.trainable_weights:
         if variable.path.endswith("kernel"):
             variable.regularizer = regularizer
-
-
-@keras.saving.register_keras_serializable(package="keras_skipinit")
-class ScalarLRSGD(keras.optimizers.SGD):
-    """SGD whose scalar (shape ``()``) parameters learn `scalar_lr_multiplier`
-    times slower (Fixup §4: 10x lower for multipliers and biases). Scaling a
-    parameter's gradients by c is exactly scaling its learning rate by c for
-    heavy-ball SGD, whose update is linear in lr * g."""
-
-    def __init__(self, scalar_lr_multiplier=1.0, **kwargs):
-        super().__init__(**kwargs)
-        self.scalar_lr_multiplier = float(scalar_lr_multiplier)
-
-    def apply(self, grads, trainable_variables=None):
-        if self.scalar_lr_multiplier != 1.0:
-            variables = trainable_variables if trainable_variables is not None else self._trainable_variables
-            grads = [
-                g * self.scalar_lr_multiplier if g is not None and len(v.shape) == 0 else g
-                for g, v in zip(grads, variables)
-            ]
-        return super().apply(grads, trainable_variables)
-
-    def get_config(self):
-        return {**super().get_config(), "scalar_lr_multiplier": self.scalar_lr_multiplier}
-
-
-class Checkpoint:
-    """Weights + optimizer state and the position in training, written
-    atomically (a kill mid-write leaves the previous checkpoint intact).
-    Non-chief workers restore from `directory` but write to `write_directory`."""
-
-    WEIGHTS, STATE = "ckpt.weights.h5", "state.json"
-
-    def __init__(self, directory, write_directory=None):
-        self.directory = directory
-        self.write_directory = write_directory or directory
-
-    def save(self, model, epoch, step_in_epoch):
-        out = self.write_directory
-        os.makedirs(out, exist_ok=True)
-        tmp = os.path.join(out, "tmp." + self.WEIGHTS)
-        model.save_weights(tmp)
-        os.replace(tmp, os.path.join(out, self.WEIGHTS))
-        state = os.path.join(out, self.STATE)
-        with open(state + ".tmp", "w") as f:
-            json.dump({"epoch": epoch, "step_in_epoch": step_in_epoch}, f)
-        os.replace(state + ".tmp", state)
-
-    def restore(self, model):
-        """Returns (epoch, step_in_epoch) to resume from; (0, 0) if none."""
-        state = os.path.join(self.directory, self.STATE)
-        if not os.path.exists(state):
-            return 0, 0
-        model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(self.directory, self.WEIGHTS))
-        with open(state) as f:
-            state = json.load(f)
-        return state["epoch"], state["step_in_epoch"]
 
 
 class TrainingMonitor(keras.callbacks.Callback):
@@ -308,6 +346,15 @@ def train(config):
     validate(config)
     start = time.time()
     strategy = make_strategy(config.strategy)  # multi-worker: before any other TF op
+    stored = check_model_dir(config, is_chief(strategy))
+    if stored is not None:
+        if is_chief(strategy):
+            print(
+                f"The run in {os.path.normpath(config.model_dir)} is complete ({stored['status']}, "
+                f"{_epochs(stored['epochs_completed'])}); results: {os.path.join(config.model_dir, run_dir.RESULTS)}",
+                flush=True,
+            )
+        return {**stored, "chief": is_chief(strategy)}
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
     os.makedirs(config.model_dir, exist_ok=True)
@@ -327,7 +374,7 @@ def _train(config, strategy, out_dir, start):
     worker's scratch directory), checkpoints are read from model_dir."""
     model_dir, chief, multi_worker = config.model_dir, is_chief(strategy), is_multi_worker(strategy)
 
-    dataset = data_lib.load(config.dataset, config.data_dir)
+    dataset = data_lib.load(config.dataset, config.data_dir, config.manual_dir, config.train_examples)
     replicas = strategy.num_replicas_in_sync
     micro_batch = config.batch_size // config.accumulation_steps
     if micro_batch % replicas:
@@ -341,14 +388,10 @@ def _train(config, strategy, out_dir, start):
 
     with strategy.scope():
         model = build_model(config, dataset)
-        ghost = next((l.virtual_batch_size for l in model.layers if hasattr(l, "virtual_batch_size")), None)
-        if ghost and (micro_batch // replicas) % ghost:
-            raise ValueError(
-                f"per-replica batch ({micro_batch // replicas}) must be a multiple of ghost_batch_size ({ghost})"
-            )
+        _note_ghost_batches(model, micro_batch // replicas, chief)
         add_l2(model, config.l2)
         optimizer = ScalarLRSGD(
-            scalar_lr_multiplier=config.scalar_lr_multiplier,
+            scalar_lr_multiplier=scalar_lr(config),
             learning_rate=schedules.PaperSchedule(config.schedule, config.learning_rate, steps_per_epoch, config.epochs),
             momentum=config.momentum,
             gradient_accumulation_steps=config.accumulation_steps if config.accumulation_steps > 1 else None,
@@ -365,20 +408,28 @@ def _train(config, strategy, out_dir, start):
         )
         if multi_worker:
             enable_multi_worker_fit(model)
-        checkpoint = Checkpoint(os.path.join(model_dir, "checkpoint"), os.path.join(out_dir, "checkpoint"))
-        epoch, skip = checkpoint.restore(model)  # builds the optimizer's variables: in scope
-    write_model_spec(out_dir, config, dataset)
-    if (epoch or skip) and chief:
-        print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({checkpoint.directory}).", flush=True)
+        write_model_spec(out_dir, config, dataset)
+        checkpoint = run_dir.Checkpoint(
+            os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
+        )
+        if config.lsuv and not checkpoint.all():
+            images, _ = next(iter(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed)))
+            lsuv.lsuv_init(model, images, seed=config.seed)
+        (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
+    history_path = os.path.join(out_dir, run_dir.HISTORY)
+    _truncate_history(history_path, epoch)  # rows past a checkpoint that was not readable
+    if restored and chief:
+        print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch)
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
-    history_path = os.path.join(out_dir, "history.csv")
-    diverged = None
+    diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
         monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps)
-        train_ds = data_lib.train_pipeline(dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip)
+        train_ds = data_lib.train_pipeline(
+            dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
+        )
         with strategy.scope():  # multi-worker: the model pins no strategy
             history = model.fit(
                 train_ds,
@@ -397,6 +448,8 @@ def _train(config, strategy, out_dir, start):
         checkpoint.save(model, epoch, 0)
         row = {"epoch": epoch, "lr": _current_lr(model), **{k: v[-1] for k, v in history.history.items()}}
         _append_csv(history_path, row)
+        # The validation at the end of the last epoch saw the final weights.
+        final_eval = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
 
     if diverged:
         print(
@@ -405,7 +458,9 @@ def _train(config, strategy, out_dir, start):
             flush=True,
         )
         metrics = {"top1": None, "top5": None, "cross_entropy": None}
-    else:
+    elif final_eval:
+        metrics = final_eval
+    else:  # every epoch was trained before this process (e.g. killed before results.json)
         with strategy.scope():
             metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
     train_ce = _last_history_value(history_path, "cross_entropy") if not diverged else None
@@ -427,16 +482,23 @@ def _train(config, strategy, out_dir, start):
         "config": dataclasses.asdict(config),
     }
     if not diverged:
-        model.save(os.path.join(out_dir, "model.keras"))
-        if config.export_dir and chief:
-            from keras_skipinit import serving
-
-            preprocessing = "imagenet" if dataset.style == "imagenet" else "standardize"
-            name = os.path.basename(os.path.normpath(model_dir))
-            results["export_path"] = serving.export(model, config.export_dir, name, preprocessing=preprocessing)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2, default=_json_default)
+        run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), preprocessing(dataset))
+    run_dir.write_json(os.path.join(out_dir, run_dir.RESULTS), run_dir.strict_json(results))
     return results
+
+
+def _note_ghost_batches(model, per_replica_batch, chief):
+    """GhostBatchNormalization splits each replica's batch into ghost batches
+    and normalizes a remainder as its own, smaller ghost batch; say so when
+    that happens, since the statistics then depend on the batch split."""
+    ghost = next((l.virtual_batch_size for l in model.layers if getattr(l, "virtual_batch_size", None)), None)
+    if not ghost or not chief or per_replica_batch % ghost == 0:
+        return
+    if per_replica_batch < ghost:
+        detail = "each is one ghost batch (plain batch statistics)"
+    else:
+        detail = f"the last ghost batch of each has {per_replica_batch % ghost} examples"
+    print(f"Note: per-replica batches of {per_replica_batch} with ghost_batch_size {ghost}: {detail}.", flush=True)
 
 
 def _num_workers(strategy):
@@ -444,10 +506,8 @@ def _num_workers(strategy):
     return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
 
 
-def _json_default(value):
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    raise TypeError(type(value).__name__)
+def _epochs(n):
+    return f"{n} epoch" + ("" if n == 1 else "s")
 
 
 def _current_lr(model):
@@ -460,6 +520,18 @@ def _append_csv(path, row):
         if new:
             f.write(",".join(row) + "\n")
         f.write(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()) + "\n")
+
+
+def _truncate_history(path, epoch):
+    """Keeps the header and the rows of epochs up to `epoch`."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.read().splitlines()
+    kept = lines[:1] + [line for line in lines[1:] if int(line.split(",")[0]) <= epoch]
+    if len(kept) < len(lines):
+        with open(path, "w") as f:
+            f.write("\n".join(kept) + "\n")
 
 
 def _last_history_value(path, column):

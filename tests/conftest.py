@@ -1,7 +1,10 @@
-"""Test set-up: quiet TF logs and two logical CPU devices for tf.distribute tests.
+"""Test set-up: quiet TF logs and, under TensorFlow, two logical CPU devices
+for the tf.distribute tests.
 
-The logical devices must be configured before TensorFlow initializes its
-runtime, so this runs at import time of the test session.
+The model and layer tests also run under JAX (`KERAS_BACKEND=jax`, see
+tests/test_backends.py); tests that need TensorFlow itself are marked
+`tf_only`. The logical devices must be configured before TensorFlow
+initializes its runtime, so this runs at import time of the test session.
 """
 
 import os
@@ -10,12 +13,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-)
+BACKEND = keras.backend.backend()
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="needs TensorFlow (tf.function, tf.distribute, tf.data)")
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    _cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +32,45 @@ def _clean_keras_state():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+# Set by .ci/run: tests that need optional data or packages fail instead of skipping.
+REQUIRE_ALL = os.environ.get("KERAS_SKIPINIT_CI") == "1"
+
+
+def require_fashion_mnist():
+    """The original Fashion-MNIST files from Debian's dataset-fashion-mnist:
+    skip without them, fail instead where the data must be there (CI)."""
+    if not os.path.isdir(FASHION_MNIST_DIR) or len(os.listdir(FASHION_MNIST_DIR)) < 4:
+        message = f"needs {FASHION_MNIST_DIR}: apt-get install dataset-fashion-mnist"
+        if REQUIRE_ALL:
+            pytest.fail(message + " (KERAS_SKIPINIT_CI=1)")
+        pytest.skip(message)
+    return FASHION_MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_data_dir(tmp_path_factory):
+    """A TFDS data_dir with fashion_mnist prepared by TFDS's own builder from
+    the local files (about 15 s, once per test session)."""
+    require_fashion_mnist()
+    from keras_skipinit import data
+
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    data.load("fashion_mnist", data_dir)
+    return data_dir
+
+
+@pytest.fixture
+def mock_tfds(monkeypatch):
+    """`tfds.testing.mock_data` for reading code. It replaces TFDS's
+    download_and_prepare, so our offline checks around it
+    (`tfds_prepare.prepare`, tested on the real path in test_tfds_prepare)
+    step aside too."""
+    import tensorflow_datasets as tfds
+
+    from keras_skipinit import tfds_prepare
+
+    monkeypatch.setattr(tfds_prepare, "prepare", lambda builder, manual_dir=None: builder)
+    return tfds.testing.mock_data

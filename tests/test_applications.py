@@ -203,6 +203,24 @@ def test_ghost_model_equals_batchnorm_model_when_ghost_covers_the_batch():
     assert np.abs(small(x, training=True) - bn(x, training=True)).max() > 1e-3
 
 
+@pytest.mark.parametrize("normalization", ["batchnorm", "ghost_batchnorm"])
+def test_bn_momentum_sets_the_moving_average(normalization):
+    """moving <- m * moving + (1 - m) * batch statistic, with m = bn_momentum."""
+    model = apps.WideResNet(10, 1, normalization=normalization, bn_momentum=0.9, seed=5)
+    norms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    assert norms and all(l.momentum == 0.9 for l in norms)
+    x = RNG.normal(3.0, 1.0, size=(8, 32, 32, 3)).astype("float32")
+    first = model.get_layer("group1_block1_preact_bn")
+    model(x, training=True)
+    stem = np.asarray(keras.Model(model.input, model.get_layer("stem_conv").output)(x))
+    np.testing.assert_allclose(first.moving_mean.numpy(), 0.1 * stem.mean((0, 1, 2)), rtol=1e-4, atol=1e-6)
+    assert apps.WideResNet(10, 1, normalization="batchnorm").get_layer("post_bn").momentum == 0.99
+    with pytest.raises(ValueError, match="bn_momentum applies only"):
+        apps.WideResNet(10, 1, normalization="skipinit", bn_momentum=0.9)
+    with pytest.raises(ValueError, match=r"bn_momentum must be in \[0, 1\)"):
+        apps.WideResNet(10, 1, normalization="batchnorm", bn_momentum=1.0)
+
+
 def test_pooling_include_top_and_input_tensor():
     feats = apps.WideResNet(10, 2, include_top=False)
     assert feats.output.shape == (None, 8, 8, 128)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_skipinit import applications as apps, layers as ks_layers, serving, training
+from keras_skipinit import applications as apps, data, layers as ks_layers, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)
@@ -172,20 +172,94 @@ def test_cli_errors_are_one_line(tmp_path):
     corrupt = tmp_path / "corrupt.keras"
     corrupt.write_bytes(b"not a zip file")
     bad = run_export(f"--source={corrupt}", f"--base_path={tmp_path}")
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "cannot load" in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not a .keras file" in bad.stderr
 
 
-def test_cli_exports_a_training_run_and_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "-x", ".hidden"])
+def test_model_names_must_be_one_safe_path_component(name, tmp_path):
+    with pytest.raises(ValueError, match="one path component"):
+        serving.check_target(str(tmp_path), name)
+    assert serving.model_name_for("runs/wrn16_lr=0.05/") == "wrn16_lr_0.05"
+    assert serving.model_name_for("models/wrn.keras") == "wrn"
+
+
+def test_cli_rejects_unsafe_names_before_loading(tmp_path):
+    for flag in ("--model_name=..", "--model_name="):
+        proc = run_export("--source=/nonexistent", f"--base_path={tmp_path}/serving", flag)
+        assert proc.returncode == 2 and "one path component" in proc.stderr, proc.stderr[-500:]
+    assert not os.path.exists(tmp_path / "serving") and not os.path.exists(tmp_path / "1")
+
+
+def test_empty_batches_give_empty_outputs(exported):
+    _, path, model, _, _ = exported
+    loaded = tf.saved_model.load(path)
+    classes = model.output_shape[-1]
+    for name, arg in (("serving_default", dict(images=tf.zeros((0, 28, 28, 1), tf.uint8))),
+                      ("predict_image_bytes", dict(image_bytes=tf.zeros((0,), tf.string)))):
+        out = loaded.signatures[name](**arg)
+        assert out["probabilities"].shape == (0, classes) and out["top_k_classes"].shape == (0, 5), name
+
+
+def test_preprocessing_travels_inside_the_keras_file(tmp_path):
+    """An ImageNet-style model must be served with ImageNet preprocessing
+    (resize-256, center-crop 224, mean/std), read from the .keras file."""
+    model = apps.ResNet50V2(input_shape=(224, 224, 3), classes=4, normalization="skipinit", alpha_init="one", seed=0)
+    path = str(tmp_path / "imagenet_style.keras")
+    run_dir.save_model(model, path, "imagenet")
+    loaded, preprocessing, _ = serving.load_source(path)
+    assert preprocessing == "imagenet"
+    plain = str(tmp_path / "plain.keras")
+    model.save(plain)  # not saved by train.py: no record
+    with pytest.raises(ValueError, match="does not record the preprocessing.*--preprocessing"):
+        serving.load_source(plain)
+    assert serving.load_source(plain, "imagenet")[1] == "imagenet"
+    exported = serving.export(loaded, str(tmp_path / "serving"), "inet", preprocessing=preprocessing, fold_layers=False)
+    image = RNG.integers(0, 256, (300, 260, 3)).astype("uint8")  # any size: resized and cropped in the graph
+    got = tf.saved_model.load(exported).signatures["serving_default"](images=tf.constant(image[None]))["probabilities"]
+    want = model(tf.expand_dims(data.imagenet_eval_preprocess(tf.constant(image)), 0), training=False)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
+    """A finished run, resumed and stopped later, has a checkpoint newer than
+    its model.keras: export that one, and say which."""
     model_dir = tmp_path / "run"
     config = training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir))
     training.train(config)
     done = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert os.path.isdir(tmp_path / "serving" / "run" / "1")
-    os.remove(model_dir / "model.keras")  # as if training had been interrupted
-    from_ckpt = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
-    assert from_ckpt.returncode == 0, from_ckpt.stderr[-2000:]
-    a = tf.saved_model.load(str(tmp_path / "serving" / "run" / "1")).signatures["serving_default"]
-    b = tf.saved_model.load(str(tmp_path / "serving" / "run" / "2")).signatures["serving_default"]
+    assert "(epoch 1)" in done.stdout
+    newer = keras.models.load_model(model_dir / "model.keras")
+    for w in newer.trainable_weights:
+        w.assign(w + 0.01)
+    run_dir.Checkpoint(str(model_dir / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
+    later = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
+    assert later.returncode == 0 and "(epoch 1, step 1)" in later.stdout, later.stderr[-2000:]
     images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
-    np.testing.assert_allclose(a(images=images)["probabilities"], b(images=images)["probabilities"], atol=1e-6)
+    served = tf.saved_model.load(str(tmp_path / "serving" / "run" / "2")).signatures["serving_default"]
+    np.testing.assert_allclose(served(images=images)["probabilities"],
+                               newer(tf.image.per_image_standardization(images), training=False), atol=1e-5)
+
+
+LOAD_SCRIPT = r"""
+import sys, keras
+if sys.argv[2] == "import":
+    import keras_skipinit  # registers the layers
+try:
+    keras.models.load_model(sys.argv[1])
+    print("loaded")
+except TypeError as e:
+    print("TypeError")
+"""
+
+
+def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path):
+    """Documented in README: Keras 3 imports only its own packages' modules
+    named in a .keras file, so the package must be imported first."""
+    path = str(tmp_path / "m.keras")
+    apps.WideResNet(10, 1, normalization="fixup").save(path)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    for mode, want in (("import", "loaded"), ("plain", "TypeError")):
+        proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, path, mode], capture_output=True, text=True,
+                              timeout=300, env=env, cwd=str(tmp_path))
+        assert proc.stdout.strip().splitlines()[-1] == want, proc.stderr[-1000:]

@@ -1,3 +1,5 @@
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -35,6 +37,24 @@ def test_schedules_scale_with_epochs():
     # 9 epochs of ImageNet: warm-up 0.5, constant until 4.5, halve every 0.5.
     assert schedules.lr_at_epoch("imagenet", 0.25, 1.0, 9) == pytest.approx(0.5)
     assert schedules.lr_at_epoch("imagenet", 4.5, 1.0, 9) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("kind,steps_per_epoch,epochs", [("cifar", 5, 4), ("imagenet", 2, 9), ("cifar", 7, 200)])
+def test_drops_that_fall_on_a_step_happen_at_that_step(kind, steps_per_epoch, epochs):
+    """Exact rational arithmetic: halving k happens at the first step s with
+    s / steps_per_epoch >= constant + (k - 1) * every (float rounding once
+    delayed some drops by one step)."""
+    from fractions import Fraction
+
+    warmup, constant, every = (Fraction(x).limit_denominator(10_000) for x in schedules.phases(kind, epochs))
+    sched = schedules.PaperSchedule(kind, 1.0, steps_per_epoch, epochs)
+    for step in range(steps_per_epoch * epochs):
+        epoch = Fraction(step, steps_per_epoch)
+        if epoch < warmup:
+            continue
+        halvings = max(0, math.floor((epoch - constant) / every) + 1)
+        assert schedules.lr_at_epoch(kind, step / steps_per_epoch, 1.0, epochs) == 0.5**halvings, step
+        assert float(sched(step)) == pytest.approx(0.5**halvings, rel=1e-7), step
 
 
 @pytest.mark.parametrize("kind", schedules.SCHEDULES)
@@ -141,8 +161,22 @@ def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
     assert a[0][0].shape == (32, 28, 28, 1) and a[0][1].shape == (32, 10)
 
 
-def test_tfds_cifar10_pipeline_with_mock_data():
-    with tfds.testing.mock_data(num_examples=64):
+def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
+    ds = data.load(data.EMBEDDED, train_examples=100)
+    plain = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1)]
+    longer = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7)]
+    assert len(plain) == 3 and len(longer) == 7
+    for a, b in zip(plain, longer):  # the first pass is the plain epoch
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(longer[3], plain[0])  # later passes: new order, new crops
+    resumed = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7, skip_batches=5)]
+    np.testing.assert_array_equal(resumed[0], longer[5])
+    with pytest.raises(ValueError, match="exceeds the 4000 training examples"):
+        data.load(data.EMBEDDED, train_examples=4001)
+
+
+def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
+    with mock_tfds(num_examples=64):
         ds = data.load("cifar10")
         assert (ds.style, ds.num_classes, ds.input_shape, ds.flip) == ("cifar", 10, (32, 32, 3), True)
         x, y = next(iter(data.train_pipeline(ds, 16, epoch=0)))
@@ -151,15 +185,15 @@ def test_tfds_cifar10_pipeline_with_mock_data():
         np.testing.assert_allclose(np.mean(xe.numpy(), axis=(1, 2, 3)), 0, atol=1e-4)
 
 
-def test_tfds_imagenet_pipeline_with_mock_data():
-    with tfds.testing.mock_data(num_examples=4):
+def test_tfds_imagenet_pipeline_with_mock_data(mock_tfds):
+    with mock_tfds(num_examples=4):
         ds = data.load("imagenet2012")
         assert ds.style == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
         x, y = next(iter(data.train_pipeline(ds, 2, epoch=0)))
         assert x.shape == (2, 224, 224, 3) and y.shape == (2, 1000)
 
 
-def test_non_classification_dataset_is_rejected():
-    with tfds.testing.mock_data(num_examples=2):
+def test_non_classification_dataset_is_rejected(mock_tfds):
+    with mock_tfds(num_examples=2):
         with pytest.raises(ValueError, match="image classification"):
             data.load("glue/cola")

@@ -1,55 +1,113 @@
+import json
+import math
+
 import pytest
 
-from keras_skipinit import sweep
+from keras_skipinit import sweep, training
 
 
-def run(lr, seed, acc, status="completed"):
-    return {"log2_lr": lr, "seed": seed, "status": status, "test_top1": acc}
+def run(log2_lr, seed, acc, status="completed", ce=None):
+    return {"lr": 2.0**log2_lr, "seed": seed, "status": status, "test_top1": acc, "train_cross_entropy": ce}
 
 
 def test_best_k_of_n_and_best_learning_rate():
     runs = [run(-3, 0, 0.90), run(-3, 1, 0.80), run(-3, 2, 0.94),
             run(-2, 0, 0.93), run(-2, 1, 0.92), run(-2, 2, 0.50)]
     best, rows = sweep.summarize(runs, best_k=2, chance=0.11)
-    # best 2 of 3: lr -3 -> (0.94, 0.90), lr -2 -> (0.93, 0.92)
-    assert [r["log2_lr"] for r in rows] == [-3, -2]
+    # best 2 of 3: lr 2^-3 -> (0.94, 0.90), lr 2^-2 -> (0.93, 0.92)
+    assert [r["lr"] for r in rows] == [0.125, 0.25]
     assert rows[0]["mean"] == pytest.approx(0.92) and rows[0]["std"] == pytest.approx(0.02)
-    assert best["log2_lr"] == -2 and best["mean"] == pytest.approx(0.925)
+    assert best["lr"] == 0.25 and best["mean"] == pytest.approx(0.925)
 
 
-def test_diverged_runs_count_as_failed():
+def test_diverged_and_at_chance_runs_count_as_failed():
     runs = [run(-1, 0, None, "diverged"), run(-1, 1, 0.9), run(-4, 0, 0.5), run(-4, 1, 0.6)]
     best, rows = sweep.summarize(runs, best_k=2, chance=0.11)
-    assert rows[1]["diverged"] == 1 and rows[1]["mean"] is None  # one of the best 2 failed
-    assert best["log2_lr"] == -4
-    best_one, _ = sweep.summarize(runs, best_k=1, chance=0.11)
-    assert best_one["log2_lr"] == -1  # best 1 of 2 ignores the failed run
-
-
-def test_cells_at_chance_or_all_diverged_are_dashes():
+    assert rows[1]["failed"] == 1 and rows[1]["mean"] is None  # one of the best 2 failed
+    assert best["lr"] == 2.0**-4
+    assert sweep.summarize(runs, best_k=1, chance=0.11)[0]["lr"] == 0.5  # best 1 of 2 skips the failure
     at_chance = [run(-3, 0, 0.1000000015), run(-2, 0, 0.098)]
-    best, _ = sweep.summarize(at_chance, best_k=1, chance=0.11)
-    assert best is None
-    table = sweep.format_table({("skipinit_one", 100): None, ("skipinit_one", 16): {"mean": 0.93, "std": 0.001, "log2_lr": -2}},
-                               [16, 100], ["skipinit_one"])
-    assert table.splitlines()[-1] == "| SkipInit (alpha = 1) | 93.0 ± 0.1 (2^-2) | — |"
-    partial = sweep.format_table({}, [16], ["skipinit_one"])
-    assert partial.splitlines()[-1] == "| SkipInit (alpha = 1) | not run |"
+    assert sweep.summarize(at_chance, best_k=1, chance=0.11)[0] is None
 
 
-def test_cli_rejects_unknown_methods(tmp_path):
-    with pytest.raises(SystemExit):
-        sweep.main(["--methods=layernorm", f"--out={tmp_path}"])
-    with pytest.raises(SystemExit):
-        sweep.main(["--seeds=2", "--best_k=3", f"--out={tmp_path}"])
+def test_training_loss_table_selects_the_lowest_losses():
+    runs = [run(-3, 0, 0.9, ce=0.20), run(-3, 1, 0.9, ce=0.30), run(-2, 0, 0.9, ce=0.10), run(-2, 1, 0.9, ce=0.50)]
+    best, rows = sweep.summarize(runs, best_k=1, chance=0.11, key="train_cross_entropy", lower_is_better=True)
+    assert best["lr"] == 0.25 and best["mean"] == pytest.approx(0.10)
+    best2, _ = sweep.summarize(runs, best_k=2, chance=0.11, key="train_cross_entropy", lower_is_better=True)
+    assert best2["lr"] == 0.125 and best2["mean"] == pytest.approx(0.25)
 
 
-def test_tiny_sweep_end_to_end_and_resume(tmp_path):
-    args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-4,20", "--seeds=1", "--epochs=1",
-            "--steps_per_epoch=2", f"--out={tmp_path}"]
+@pytest.mark.parametrize("log2s,best_at,expected_next,where", [
+    ([-6, -4, -2], -4, None, "interior"),
+    ([-6, -4, -2], -2, -1, "edge"),
+    ([-6, -4, -2], -6, -7, "edge"),
+    ([-10, -9], -10, None, "paper bound"),
+    ([0, 1, 2], 2, None, "paper bound"),
+])
+def test_grid_extension_until_the_optimum_is_interior(log2s, best_at, expected_next, where):
+    rows = [{"lr": 2.0**k, "mean": 0.9 if k == best_at else 0.5} for k in log2s]
+    best = next(r for r in rows if r["mean"] == 0.9)
+    assert sweep.next_log2_lr(best, rows) == expected_next
+    assert sweep.grid_edge(best, rows) == where
+    # every learning rate failed: try smaller ones, down to 2^-10
+    assert sweep.next_log2_lr(None, rows) == (min(log2s) - 1 if min(log2s) > -10 else None)
+
+
+def fake_train(calls):
+    """Accuracy peaks at lr 2^-7 and falls 10 points per octave."""
+    def train(config):
+        calls.append((config.normalization, config.learning_rate, config.seed, config.bn_momentum))
+        acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) + 7) + 0.001 * config.seed
+        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
+                "chief": True, "epochs_completed": config.epochs}
+    return train
+
+
+def test_extend_grid_runs_until_interior_and_resumes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    args = ["--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-4,-3", "--seeds=2", "--best_k=1",
+            "--extend_grid", "--bn_momentum=0.9", f"--out={tmp_path}"]
     sweep.main(args)
-    lines = (tmp_path / "runs.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and '"diverged"' in lines[1]  # 2^20 blows up
+    lrs = sorted({round(math.log2(lr)) for norm, lr, _, _ in calls if norm == "skipinit"})
+    assert lrs == [-8, -7, -6, -5, -4, -3]  # extended downwards until 2^-7 is interior
+    assert {m for n, _, _, m in calls if n == "batchnorm"} == {0.9} and {m for n, _, _, m in calls if n != "batchnorm"} == {None}
+    first = len(calls)
     sweep.main(args)  # resumes: nothing re-run
-    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
-    assert (tmp_path / "table.md").exists() and (tmp_path / "sweep.png").stat().st_size > 5000
+    assert len(calls) == first
+    table = (tmp_path / "table.md").read_text()
+    assert "| SkipInit (alpha = 0) | 10 | 2^-8 .. 2^-3 (6) | 2^-7 | interior | 0 / 12 |" in table
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["runs"] == 24 and summary["command"].startswith("python -m keras_skipinit.sweep")
+
+
+def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
+    def train(config):
+        acc = 0.1 if config.depth == 16 and config.seed == 0 else 0.8
+        status = "diverged" if config.normalization == "none" else "completed"
+        return {"status": status, "test_top1": None if status == "diverged" else acc, "train_cross_entropy": 0.5,
+                "wall_time_s": 1.0, "chief": True}
+
+    monkeypatch.setattr(training, "train", train)
+    sweep.main(["--preset=fixup_fig3", "--depths=16,22", "--methods=fixup,none", f"--out={tmp_path}"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| Fixup | 56.7 ± 33.0 (2/3 trained) | 80.0 ± 0.0 (3/3 trained) |" in table
+    assert "| No normalization, no scaling | 10.0 ± 0.0 (0/3 trained, 3 diverged) |" in table
+    assert (tmp_path / "sweep.png").stat().st_size > 5000
+
+
+def test_cli_rejects_bad_settings(tmp_path):
+    for bad in (["--methods=layernorm"], ["--seeds=2", "--best_k=3"], ["--lrs=0.1", "--extend_grid"]):
+        with pytest.raises(SystemExit):
+            sweep.main([*bad, f"--out={tmp_path}"])
+
+
+def test_tiny_real_sweep_end_to_end(tmp_path):
+    args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-4,20", "--seeds=1", "--best_k=1", "--epochs=1",
+            "--steps_per_epoch=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    sweep.main(args)
+    lines = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [line["status"] for line in lines] == ["completed", "diverged"]  # 2^20 blows up
+    assert lines[1]["results"]["diverged_at"]["epoch"] == 0 and "cores" in lines[0]["machine"]
+    assert (tmp_path / "sweep.png").stat().st_size > 5000

@@ -5,7 +5,7 @@ import sys
 
 import keras
 
-from keras_skipinit import normalization as norm_lib
+from keras_skipinit import layers as ksl, normalization as norm_lib
 
 POOLINGS = (None, "avg", "max")
 
@@ -14,14 +14,14 @@ def _check_input_shape(input_shape, default):
     if input_shape is None:
         return default
     shape = tuple(input_shape)
-    if len(shape) != 3 or any(d is not None and (not isinstance(d, int) or d < 1) for d in shape):
+    if len(shape) != 3 or any(d is not None and (not ksl._is_int(d) or d < 1) for d in shape):
         raise ValueError(
             "input_shape must be (height, width, channels) with positive ints "
             f"(or None for a dynamic spatial size), got {input_shape!r}."
         )
     if shape[-1] is None:
         raise ValueError(f"input_shape must fix the number of channels, got {input_shape!r}.")
-    return shape
+    return tuple(None if d is None else int(d) for d in shape)
 
 
 def build(
@@ -53,8 +53,9 @@ def build(
         )
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
-    if include_top and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
+    if include_top and (not ksl._is_int(classes) or classes < 1):
         raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
+    classes = int(classes) if include_top else classes
     recipe = norm_lib.resolve(**recipe_kwargs)
     # Keras walks the functional graph recursively (a few frames per layer):
     # 1000-layer nets need far more than Python's default limit of 1000.

@@ -75,8 +75,7 @@ def _body(depth, version):
             x = ops.act(ops.norm(x, "conv1_bn"), "conv1_relu")
         x = keras.layers.ZeroPadding2D(1, name="pool1_pad")(x)
         x = keras.layers.MaxPooling2D(3, strides=2, name="pool1_pool")(x)
-        for prefix, filters, stride in block_specs(depth, version):
-            x = block(x, ops, filters, stride, prefix)
+        x = ops.stack(x, block_specs(depth, version), block, expansion=EXPANSION)
         if version == 2:
             x = ops.preact(x, "post_bn", "post_relu")
         return x
@@ -98,10 +97,13 @@ def ResNet(
     *,
     normalization="batchnorm",
     virtual_batch_size=None,
+    bn_momentum=None,
     alpha_init=None,
     dropout_rate=None,
     use_bias=None,
     nf_beta=None,
+    loop_blocks=False,
+    remat=False,
     seed=None,
 ):
     """A bottleneck ResNet of `depth` (50, 101, 152), `version` 1 or 2.
@@ -110,6 +112,9 @@ def ResNet(
       normalization: one of `keras_skipinit.normalization.NORMALIZATIONS`.
       virtual_batch_size: ghost batch size for 'ghost_batchnorm' (default
         256, the paper's ImageNet value, §5).
+      bn_momentum: moving-average momentum of the BN statistics for
+        'batchnorm' and 'ghost_batchnorm' (default Keras' 0.99; PyTorch's
+        default momentum=0.1 is 0.9 here).
       alpha_init: SkipInit alpha: a float or 'zero' (default), 'one',
         'inv_sqrt_depth' (1/sqrt(d), d = number of residual blocks).
       dropout_rate: dropout before the classifier (default 0.2 for
@@ -118,6 +123,9 @@ def ResNet(
         keras.applications' choice, all convs for 'regularized_skipinit'
         (§5), none for 'fixup' (scalar biases instead).
       nf_beta: NF-ResNet branch scale beta for 'nf' (default 0.2; V2 only).
+      loop_blocks: run each stage's identical blocks as one loop over stacked
+        weights (`keras_skipinit.looped`): graph size independent of depth.
+      remat: with loop_blocks, recompute each looped block in the backward pass.
       seed: seed for the weight initializers (reproducible models).
     """
     if depth not in BLOCKS_PER_STAGE:
@@ -130,12 +138,15 @@ def ResNet(
         branch_layers=BRANCH_LAYERS,
         virtual_batch_size=virtual_batch_size,
         default_virtual_batch_size=256,
+        bn_momentum=bn_momentum,
         alpha_init=alpha_init,
         use_bias=use_bias,
         dropout_rate=dropout_rate,
         default_regularized_dropout=0.2,
         v1=version == 1,
         nf_beta=nf_beta,
+        loop_blocks=loop_blocks,
+        remat=remat,
     )
     return _base.build(
         _body(depth, version),

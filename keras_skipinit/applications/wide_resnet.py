@@ -8,6 +8,7 @@ average pooling and the classifier. The SkipInit paper trains n-2 for n in
 
 import keras
 
+from keras_skipinit import layers as ksl
 from keras_skipinit.applications import _base
 
 GROUP_WIDTHS = (16, 32, 64)
@@ -16,9 +17,9 @@ BRANCH_LAYERS = 2  # Fixup's m for a basic block
 
 
 def blocks_per_group(depth):
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 10 or (depth - 4) % 6:
+    if not ksl._is_int(depth) or depth < 10 or (depth - 4) % 6:
         raise ValueError(f"WideResNet depth must be 6k+4 with k >= 1 (10, 16, 22, 28, ..., 1000, ...), got {depth!r}.")
-    return (depth - 4) // 6
+    return int(depth - 4) // 6
 
 
 def block_specs(depth, width):
@@ -60,10 +61,13 @@ def WideResNet(
     *,
     normalization="batchnorm",
     virtual_batch_size=None,
+    bn_momentum=None,
     alpha_init=None,
     dropout_rate=None,
     use_bias=None,
     nf_beta=None,
+    loop_blocks=False,
+    remat=False,
     seed=None,
 ):
     """Wide-ResNet `depth`-`width` (depth = 6k+4, any k: 1000+ layers work).
@@ -71,16 +75,18 @@ def WideResNet(
     Arguments as `keras_skipinit.applications.ResNet`, with CIFAR defaults:
     input (32, 32, 3), 10 classes, ghost batch 64 (§3), dropout 0.6 for
     'regularized_skipinit' (§4); convs have no bias unless `use_bias` or the
-    method asks for them.
+    method asks for them. `loop_blocks=True` builds the depth-independent
+    looped form (`keras_skipinit.looped`), `remat=True` recomputes its blocks
+    in the backward pass.
     """
-    specs = block_specs(depth, width)
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+    if not ksl._is_int(width) or width < 1:
         raise ValueError(f"WideResNet width must be a positive int, got {width!r}.")
+    specs = block_specs(depth, width)
+    depth, width = int(depth), int(width)
 
     def body(x, ops):
         x = ops.conv(x, GROUP_WIDTHS[0], 3, "stem_conv")
-        for prefix, filters, stride in specs:
-            x = basic_block(x, ops, filters, stride, prefix)
+        x = ops.stack(x, specs, basic_block)
         return ops.preact(x, "post_bn", "post_relu")
 
     recipe_kwargs = dict(
@@ -89,11 +95,14 @@ def WideResNet(
         branch_layers=BRANCH_LAYERS,
         virtual_batch_size=virtual_batch_size,
         default_virtual_batch_size=64,
+        bn_momentum=bn_momentum,
         alpha_init=alpha_init,
         use_bias=use_bias,
         dropout_rate=dropout_rate,
         default_regularized_dropout=0.6,
         nf_beta=nf_beta,
+        loop_blocks=loop_blocks,
+        remat=remat,
     )
     return _base.build(
         body,

@@ -1,0 +1,19 @@
+"""Plumbing shared by the two commands (train_cli, export_cli)."""
+
+import os
+import sys
+
+from absl import app
+
+
+def program(default):
+    """The command's name as invoked: train.py, keras-skipinit-train, ..."""
+    base = os.path.basename(sys.argv[0])
+    return default if base in ("", "__main__.py", "-c") else base
+
+
+def run(main, usage):
+    """absl's app.run with this command's usage text, also when started
+    through pip's wrapper script (whose module has no docstring)."""
+    sys.modules["__main__"].__doc__ = usage
+    app.run(main)

@@ -1,0 +1,224 @@
+"""What a training run leaves in its model_dir, written and read in one place.
+
+    model_dir/
+      model_spec.json      the run's flags, the model's constructor arguments,
+                           the evaluation preprocessing
+      checkpoint/ckpt-EEEEEE-SSSSSS/   weights (model and optimizer) and
+                           state.json, at epoch E, step S; the newest two kept
+      history.csv, results.json, tensorboard/
+      model.keras          the final model, with keras_skipinit.json inside
+                           (preprocessing and input shape, for export)
+
+`training` writes these and `serving` reads them; neither imports the other.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+
+import keras
+
+from keras_skipinit import applications
+
+SPEC = "model_spec.json"
+RESULTS = "results.json"
+HISTORY = "history.csv"
+MODEL = "model.keras"
+CHECKPOINTS = "checkpoint"
+KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
+PREPROCESSINGS = ("standardize", "imagenet")
+_BUILDERS = {"wrn": "WideResNet", "resnet_v1": "ResNet", "resnet_v2": "ResNet"}
+
+
+def _one_line(error):
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def read_json(path):
+    """A JSON file of a run; a corrupt one is a one-line error naming it."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {_one_line(e)}") from None
+
+
+def write_json(path, value):
+    """Written to a temporary file and renamed: complete or not there."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=2, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def strict_json(value):
+    """NaN and infinities as null (strict JSON has no NaN); numpy scalars as numbers."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# --- the model a run trains -------------------------------------------------------
+
+
+def build_model(model_args):
+    """Builds the model that `model_args` (from `model_spec.json`) describes:
+    {"model": "wrn" | "resnet_v1" | "resnet_v2", "depth", "width" (WRN),
+    and keyword arguments of the `applications` constructor}."""
+    args = dict(model_args)
+    kind = args.pop("model")
+    if kind not in _BUILDERS:
+        raise ValueError(f"model must be one of {tuple(_BUILDERS)}, got {kind!r}")
+    depth = args.pop("depth")
+    if "input_shape" in args:
+        args["input_shape"] = tuple(args["input_shape"])
+    if kind == "wrn":
+        return applications.WideResNet(depth, args.pop("width"), **args)
+    return applications.ResNet(depth, 1 if kind == "resnet_v1" else 2, **args)
+
+
+def read_spec(model_dir):
+    path = os.path.join(model_dir, SPEC)
+    spec = read_json(path)
+    if not isinstance(spec, dict) or not {"config", "model", "preprocessing"} <= set(spec):
+        raise ValueError(f"{path} is not a model_spec.json of this version of keras_skipinit")
+    return spec
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+
+class Checkpoint:
+    """Model and optimizer state at a position in training, as versioned
+    directories ``ckpt-<epoch>-<step>``: each is written in a temporary
+    directory and renamed into place, so a kill leaves only complete
+    checkpoints; the newest `keep` are kept. Restoring falls back to the
+    previous checkpoint when the newest cannot be read. Non-chief workers
+    restore from `directory` and write to `write_directory`."""
+
+    WEIGHTS, STATE = "weights.weights.h5", "state.json"
+    _NAME = re.compile(r"ckpt-(\d+)-(\d+)$")
+
+    def __init__(self, directory, write_directory=None, keep=2):
+        self.directory = directory
+        self.write_directory = write_directory or directory
+        self.keep = keep
+
+    @classmethod
+    def _list(cls, directory):
+        """[(epoch, step, path)], newest first."""
+        if not os.path.isdir(directory):
+            return []
+        found = [(cls._NAME.match(name), name) for name in os.listdir(directory)]
+        return sorted(((int(m[1]), int(m[2]), os.path.join(directory, name)) for m, name in found if m), reverse=True)
+
+    def all(self):
+        return self._list(self.directory)
+
+    def save(self, model, epoch, step_in_epoch):
+        out = self.write_directory
+        os.makedirs(out, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="tmp-", dir=out)
+        model.save_weights(os.path.join(tmp, self.WEIGHTS))
+        write_json(os.path.join(tmp, self.STATE), {"epoch": epoch, "step_in_epoch": step_in_epoch})
+        final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
+        if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for _, _, old in self._list(out)[self.keep :]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def restore(self, model, with_optimizer=True):
+        """Loads the newest readable checkpoint into `model`; returns its
+        (epoch, step_in_epoch) and path, or (0, 0) and None if there is none."""
+        candidates = self.all()
+        if not candidates:
+            return (0, 0), None
+        if with_optimizer:
+            model.optimizer.build(model.trainable_variables)
+        failures = []
+        for epoch, step, path in candidates:
+            try:
+                state = read_json(os.path.join(path, self.STATE))
+                model.load_weights(os.path.join(path, self.WEIGHTS))
+            except (OSError, ValueError, KeyError) as e:
+                failures.append(f"{path} ({_one_line(e)})")
+                continue
+            if failures:
+                print(f"Warning: unreadable checkpoint {failures[-1]}; restored {path} instead.", file=sys.stderr)
+            return (state["epoch"], state["step_in_epoch"]), path
+        raise ValueError(
+            f"no readable checkpoint in {self.directory}: {'; '.join(failures)}. Delete {self.directory} to start "
+            "that run over, or use a new --model_dir."
+        )
+
+
+# --- .keras files with their preprocessing ------------------------------------------------
+
+
+def save_model(model, path, preprocessing):
+    """`model.save(path)` with the evaluation preprocessing and input shape
+    inside the .keras zip (`keras_skipinit.json`), so export never guesses."""
+    if preprocessing not in PREPROCESSINGS:
+        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}")
+    tmp = path + ".tmp.keras"
+    model.save(tmp)
+    with zipfile.ZipFile(tmp, "a") as archive:
+        archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing}))
+    os.replace(tmp, path)
+
+
+def keras_metadata(path):
+    """The keras_skipinit.json inside a .keras file, or None."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if KERAS_METADATA in archive.namelist():
+                return json.loads(archive.read(KERAS_METADATA))
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return None
+    return None
+
+
+def load_keras(path):
+    """A .keras file (no optimizer); a corrupt or foreign file is one line."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a .keras file (not a zip archive)")
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as e:  # corrupt or foreign files: one line, not a traceback
+        raise ValueError(f"cannot load {path} as a Keras model: {_one_line(e)}") from None
+
+
+def newest_model(model_dir):
+    """(model, preprocessing, description) of the newest state in a run's
+    model_dir: its newest readable checkpoint (equal to model.keras when the
+    run finished; newer when it was resumed and stopped), else model.keras."""
+    spec = read_spec(model_dir)
+    checkpoint = Checkpoint(os.path.join(model_dir, CHECKPOINTS))
+    path = os.path.join(model_dir, MODEL)
+    if checkpoint.all():
+        model = build_model(spec["model"])
+        try:
+            (epoch, step), restored = checkpoint.restore(model, with_optimizer=False)
+        except ValueError as e:
+            if not os.path.exists(path):
+                raise
+            print(f"Warning: {e}; using {path}.", file=sys.stderr)
+        else:
+            where = f"epoch {epoch}" + (f", step {step}" if step else "")
+            return model, spec["preprocessing"], f"checkpoint {restored} ({where})"
+    if os.path.exists(path):
+        return load_keras(path), spec["preprocessing"], path
+    raise ValueError(f"{model_dir} has neither a checkpoint nor {MODEL} to export")

