@@ -69,8 +69,8 @@ def _lr_key(lr):
 
 
 def lr_label(lr):
-    log2 = math.log2(lr)
-    return f"2^{int(round(log2))}" if abs(log2 - round(log2)) < 1e-9 else f"{lr:g}"
+    log2 = math.log2(lr)  # tolerant: summaries key learning rates to 6 digits (`_lr_key`)
+    return f"2^{int(round(log2))}" if abs(log2 - round(log2)) < 1e-5 else f"{lr:g}"
 
 
 # --- summaries ---------------------------------------------------------------------------
@@ -242,6 +242,9 @@ def run_sweep(args):
     done = _load_runs(log_path)
     machine = _machine()
     planned = len(args.depths) * len(args.methods) * len(args.lrs) * args.seeds
+    base = {_lr_key(lr) for lr in args.lrs}
+    planned += sum(1 for (key, depth, lr, _) in done  # grid points added by earlier extensions
+                   if key in args.methods and depth in args.depths and lr not in base)
     state = {"new": 0, "seconds": 0.0}
 
     def run_one(key, depth, lr, seed):
@@ -271,6 +274,10 @@ def run_sweep(args):
     for depth in args.depths:
         for key in args.methods:
             lrs = list(args.lrs)
+            if args.extend_grid:  # a resumed sweep first completes the seeds of points it had added
+                base = {_lr_key(lr) for lr in lrs}
+                lrs += sorted({r["lr"] for r in done.values() if r["method"] == key and r["depth"] == depth
+                               and _lr_key(r["lr"]) not in base})
             while True:
                 for lr in lrs:
                     for seed in range(args.seeds):

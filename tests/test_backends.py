@@ -21,7 +21,9 @@ from keras_skipinit import applications as apps
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_SUBSET = ["tests/test_layers.py", "tests/test_applications.py", "tests/test_lsuv.py", "tests/test_analysis.py",
               "tests/test_nf.py", "tests/test_looped.py"]
-JAX_DESELECT = "not resnet50_matches_keras_applications and not 1000_layer"  # the slowest builds; same code paths
+# The slowest builds and checks whose code paths the rest already run under JAX (CI time).
+JAX_DESELECT = ("not resnet50_matches_keras_applications and not 1000_layer and not deeper_resnets_use_the_same"
+                " and not kernels_are_scaled_orthonormal and not write_and_cli")
 pytestmark = tf_only  # the parent process is the TensorFlow run
 
 

@@ -140,7 +140,9 @@ def test_signatures_without_the_package_tf2_and_tf1(exported, tmp_path):
 
 def test_saved_model_cli_lists_the_signatures(exported):
     _, path, _, _, _ = exported
-    proc = subprocess.run(["saved_model_cli", "show", "--all", "--dir", path], capture_output=True, text=True,
+    # TensorFlow's own console script, next to this interpreter (the venv may not be on PATH)
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    proc = subprocess.run([cli if os.path.exists(cli) else "saved_model_cli", "show", "--all", "--dir", path], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     for text in ("signature_def['serving_default']", "signature_def['predict_image_bytes']", "DT_UINT8", "DT_STRING",

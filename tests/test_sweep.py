@@ -20,6 +20,13 @@ def test_best_k_of_n_and_best_learning_rate():
     assert best["lr"] == 0.25 and best["mean"] == pytest.approx(0.925)
 
 
+def test_learning_rates_read_as_powers_of_two_after_keying():
+    """Summaries key learning rates to 6 digits; 2^-9 must still read 2^-9."""
+    for k in range(-12, 3):
+        assert sweep.lr_label(sweep._lr_key(2.0**k)) == f"2^{k}"
+    assert sweep.lr_label(0.1) == "0.1"
+
+
 def test_diverged_and_at_chance_runs_count_as_failed():
     runs = [run(-1, 0, None, "diverged"), run(-1, 1, 0.9), run(-4, 0, 0.5), run(-4, 1, 0.6)]
     best, rows = sweep.summarize(runs, best_k=2, chance=0.11)
@@ -80,6 +87,25 @@ def test_extend_grid_runs_until_interior_and_resumes(tmp_path, monkeypatch):
     assert "| SkipInit (alpha = 0) | 10 | 2^-8 .. 2^-3 (6) | 2^-7 | interior | 0 / 12 |" in table
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["runs"] == 24 and summary["command"].startswith("python -m keras_skipinit.sweep")
+
+
+def test_resumed_sweep_completes_the_seeds_of_an_added_grid_point(tmp_path, monkeypatch):
+    """A sweep stopped between the seeds of an extension point must run the
+    missing seeds on resume, though the partial point already makes the
+    optimum look interior."""
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-8,-7", "--seeds=3", "--best_k=1",
+            "--extend_grid", f"--out={tmp_path}"]
+    sweep.main(args)  # 2^-8 .. 2^-7 peaks at the top edge (2^-7): adds 2^-6
+    log = tmp_path / "runs.jsonl"
+    lines = log.read_text().splitlines()
+    added = [line for line in lines if json.loads(line)["log2_lr"] == -6.0]
+    assert len(added) == 3
+    log.write_text("\n".join(line for line in lines if line != added[-1]) + "\n")  # stopped before seed 2
+    calls.clear()
+    sweep.main(args)
+    assert [(round(math.log2(lr)), seed) for _, lr, seed, _ in calls] == [(-6, 2)]
 
 
 def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
