@@ -366,7 +366,10 @@ def _plot_table1(details, args):
             ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"test accuracy %, best {args.best_k} of {args.seeds}")
     axes[1][0].set_ylabel("training cross-entropy")
-    axes[0][-1].legend(fontsize=7)
+    from matplotlib.lines import Line2D  # every method, also those not (yet) drawn in the last column
+
+    handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHODS[key][0]) for i, key in enumerate(args.methods)]
+    axes[0][-1].legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
     plt.close(fig)
