@@ -10,15 +10,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)
 
+from keras_skipinit.sweep import cpu_name  # noqa: E402
+
 BACKEND = keras.backend.backend()
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def accelerators():

@@ -199,14 +199,17 @@ def depth_table(runs, args):
 # --- running -------------------------------------------------------------------------
 
 
-def _machine():
-    model = platform.processor() or platform.machine()
+def cpu_name():
+    """The CPU model as /proc/cpuinfo names it (also used by benchmarks/)."""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+        return platform.processor() or platform.machine()
+
+
+def _machine():
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def _config(args, key, depth, lr, seed):
@@ -241,10 +244,14 @@ def run_sweep(args):
     log_path = os.path.join(args.out, "runs.jsonl")
     done = _load_runs(log_path)
     machine = _machine()
-    planned = len(args.depths) * len(args.methods) * len(args.lrs) * args.seeds
     base = {_lr_key(lr) for lr in args.lrs}
-    planned += sum(1 for (key, depth, lr, _) in done  # grid points added by earlier extensions
-                   if key in args.methods and depth in args.depths and lr not in base)
+    # Per cell: the base grid, then (extend_grid) the points an earlier run of
+    # this sweep added, whose missing seeds run first on resume.
+    grids = {(key, depth): list(args.lrs) + (sorted({r["lr"] for r in done.values() if r["method"] == key
+                                                     and r["depth"] == depth and _lr_key(r["lr"]) not in base})
+                                             if args.extend_grid else [])
+             for depth in args.depths for key in args.methods}
+    planned = sum(len(lrs) for lrs in grids.values()) * args.seeds
     state = {"new": 0, "seconds": 0.0}
 
     def run_one(key, depth, lr, seed):
@@ -273,11 +280,7 @@ def run_sweep(args):
 
     for depth in args.depths:
         for key in args.methods:
-            lrs = list(args.lrs)
-            if args.extend_grid:  # a resumed sweep first completes the seeds of points it had added
-                base = {_lr_key(lr) for lr in lrs}
-                lrs += sorted({r["lr"] for r in done.values() if r["method"] == key and r["depth"] == depth
-                               and _lr_key(r["lr"]) not in base})
+            lrs = grids[(key, depth)]
             while True:
                 for lr in lrs:
                     for seed in range(args.seeds):
