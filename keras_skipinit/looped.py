@@ -33,10 +33,13 @@ class RepeatedBlocks(keras.layers.Layer):
 
     Block i is initialized from the template's initializers (a seeded
     initializer gets a seed of its own per block), so the looped and the
-    unrolled model draw from the same distributions.
+    unrolled model draw from the same distributions. `initial_values`
+    {"<layer suffix>/<weight name>": [value of block 0, block 1, ...]} sets
+    weights whose initial value depends on the block's position instead
+    (NF-ResNets' fixed alpha = 1/sqrt(Var[x]), `BlockOps._repeat`).
     """
 
-    def __init__(self, block, prefixes, remat=False, seed=None, **kwargs):
+    def __init__(self, block, prefixes, remat=False, seed=None, initial_values=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(block, dict):
             block = keras.saving.deserialize_keras_object(block)
@@ -51,6 +54,10 @@ class RepeatedBlocks(keras.layers.Layer):
         self.prefixes = prefixes
         self.remat = bool(remat)
         self.seed = seed
+        self.initial_values = {k: [float(v) for v in values] for k, values in (initial_values or {}).items()}
+        wrong = {k: len(v) for k, v in self.initial_values.items() if len(v) != len(prefixes)}
+        if wrong:
+            raise ValueError(f"initial_values need one value per block ({len(prefixes)}), got lengths {wrong}.")
 
     @property
     def block(self):
@@ -72,8 +79,14 @@ class RepeatedBlocks(keras.layers.Layer):
     def build(self, input_shape):
         n = len(self.prefixes)
         self._stacked = []
+        unused = set(self.initial_values)
         for index, (layer, _, variable) in enumerate(self.slots()):
-            values = np.stack([self._initial_value(layer, variable, block, index) for block in range(n)])
+            key = f"{layer.name[len(self.template_prefix):]}/{variable.name}"
+            if key in self.initial_values:
+                unused.discard(key)
+                values = np.asarray(self.initial_values[key], dtype=variable.dtype).reshape((n, *variable.shape))
+            else:
+                values = np.stack([self._initial_value(layer, variable, block, index) for block in range(n)])
             suffix = layer.name[len(self.template_prefix):].lstrip("_")
             self._stacked.append(self.add_weight(
                 name=f"{suffix}_{variable.name}",
@@ -83,6 +96,8 @@ class RepeatedBlocks(keras.layers.Layer):
                 trainable=variable.trainable,
                 aggregation=getattr(variable, "aggregation", "none"),
             ))
+        if unused:
+            raise ValueError(f"initial_values name no weight of the block: {sorted(unused)}.")
 
     def _initial_value(self, layer, variable, block, index):
         """A fresh draw of `variable` for block `block`: from its layer's
@@ -142,6 +157,7 @@ class RepeatedBlocks(keras.layers.Layer):
             "prefixes": self.prefixes,
             "remat": self.remat,
             "seed": self.seed,
+            "initial_values": self.initial_values,
         }
 
 

@@ -119,11 +119,6 @@ def resolve(
         raise ValueError(f"loop_blocks and remat must be True or False, got {loop_blocks!r}, {remat!r}.")
     if remat and not loop_blocks:
         raise ValueError("remat applies to the looped blocks: pass loop_blocks=True too.")
-    if loop_blocks and normalization == "nf":
-        raise ValueError(
-            "normalization='nf' has no looped form: its analytic scale 1/sqrt(Var[x]) differs in every block, "
-            "so the blocks of a stage are not identical; use loop_blocks=False."
-        )
     if use_bias is not None and not isinstance(use_bias, bool):
         raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
     if dropout_rate is not None:
@@ -179,8 +174,10 @@ class BlockOps:
         self._seed = seed
         self._count = 0
         # NF-ResNets: analytic Var[x] of the signal entering the next block,
-        # for unit-variance inputs (the stem's WS conv preserves variance).
+        # for unit-variance inputs (the stem's WS conv preserves variance),
+        # and the names of the alpha = 1/sqrt(Var[x]) layers made so far.
         self.expected_var = 1.0
+        self._nf_alphas = []
 
     def stack(self, x, specs, block, expansion=1):
         """Residual blocks `specs` [(prefix, filters, stride)] built by
@@ -203,13 +200,24 @@ class BlockOps:
         return x
 
     def _repeat(self, x, prefixes, block, filters):
+        """One `RepeatedBlocks` over a template block. The blocks differ only
+        in weights, except NF's fixed alpha = 1/sqrt(Var[x]): Var[x] grows by
+        the same amount (beta^2) in every identity block, so block j's alpha
+        is 1/sqrt(Var_0 + j * beta^2), passed as per-block initial values."""
         from keras_skipinit import looped
 
+        n, var_in, alphas_before = len(prefixes), self.expected_var, len(self._nf_alphas)
         template_input = keras.Input(shape=x.shape[1:], dtype=x.dtype)
         template = keras.Model(template_input, block(template_input, self, filters, 1, prefixes[0]),
                                name=prefixes[0] + "_template")
+        growth = self.expected_var - var_in
+        self.expected_var = var_in + n * growth
+        initial_values = {
+            f"{name[len(prefixes[0]):]}/alpha": [1.0 / math.sqrt(var_in + j * growth) for j in range(n)]
+            for name in self._nf_alphas[alphas_before:]
+        }
         return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
-                                     name=f"{prefixes[0]}_x{len(prefixes)}")(x)
+                                     initial_values=initial_values, name=f"{prefixes[0]}_x{len(prefixes)}")(x)
 
     def _init_seed(self):
         if self._seed is None:
@@ -241,9 +249,12 @@ class BlockOps:
     def preact(self, x, norm_name, act_name):
         """Pre-activation of a block input: norm-ReLU; for NF-ResNets the
         norm is the analytic ``alpha = 1/sqrt(Var[x])`` (blog: y = x + beta
-        f(alpha x))."""
+        f(alpha x)), a fixed (non-trainable) scalar weight, so that the
+        looped form can stack its per-block values."""
         if self.recipe.nf_beta is not None:
-            x = keras.layers.Rescaling(1.0 / math.sqrt(self.expected_var), name=norm_name + "_nf_alpha")(x)
+            name = norm_name + "_nf_alpha"
+            x = ksl.SkipInitScale(1.0 / math.sqrt(self.expected_var), trainable=False, name=name)(x)
+            self._nf_alphas.append(name)
         else:
             x = self.norm(x, norm_name)
         return self.act(x, act_name)

@@ -53,7 +53,7 @@ flags.DEFINE_bool(
 flags.DEFINE_bool(
     "loop_blocks", False,
     "Run each stage's identical residual blocks as one loop over stacked weights: graph size, build and "
-    "trace time independent of depth (keras_skipinit.looped; not for normalization=nf).",
+    "trace time independent of depth (keras_skipinit.looped).",
 )
 flags.DEFINE_bool("remat", False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
 flags.DEFINE_float("nf_beta", None, "NF-ResNet branch scale beta for normalization=nf (default 0.2).")

@@ -20,7 +20,7 @@ from keras_skipinit.normalization import NORMALIZATIONS
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((6, 16, 16, 3)).astype("float32")
 Y = np.eye(10, dtype="float32")[np.arange(6) % 10]
-LOOPABLE = [n for n in NORMALIZATIONS if n != "nf"]
+LOOPABLE = list(NORMALIZATIONS)
 
 
 def pair(normalization="batchnorm", depth=22, **kwargs):
@@ -121,8 +121,9 @@ def test_analysis_reads_a_looped_model_through_its_unrolled_form():
         assert ra["skip_var"] == pytest.approx(rb["skip_var"], rel=1e-5)
 
 
-def test_keras_file_and_config_round_trip(tmp_path):
-    _, loop = pair("ghost_batchnorm")
+@pytest.mark.parametrize("normalization", ["ghost_batchnorm", "nf"])
+def test_keras_file_and_config_round_trip(tmp_path, normalization):
+    _, loop = pair(normalization)
     path = tmp_path / "looped.keras"
     loop.save(path)
     loaded = keras.models.load_model(path)
@@ -130,6 +131,7 @@ def test_keras_file_and_config_round_trip(tmp_path):
     layer = next(layer for layer in loop.layers if isinstance(layer, looped.RepeatedBlocks))
     clone = looped.RepeatedBlocks.from_config(layer.get_config())
     assert clone.prefixes == layer.prefixes and clone.get_config()["prefixes"] == layer.prefixes
+    assert clone.initial_values == layer.initial_values and bool(layer.initial_values) == (normalization == "nf")
 
 
 def test_fresh_looped_blocks_are_drawn_like_unrolled_ones():
@@ -143,11 +145,29 @@ def test_fresh_looped_blocks_are_drawn_like_unrolled_ones():
     np.testing.assert_allclose(kernel.std(axis=(1, 2, 3, 4)), np.sqrt(2 / (3 * 3 * 16)), rtol=0.1)
 
 
+def test_fresh_looped_nf_blocks_get_their_own_alpha():
+    """NF's fixed alpha = 1/sqrt(Var[x]) differs per block (Var[x] grows by
+    beta^2 a block): a fresh looped model has the unrolled model's alphas,
+    block by block, and the analytic values after each loop (post_bn too)."""
+    common = dict(input_shape=(16, 16, 3), normalization="nf", nf_beta=0.3)
+    alphas = [{name: float(w[0]) for name, w in weights_by_block(model).items() if name.endswith("_nf_alpha")}
+              for model in (apps.WideResNet(22, 1, **common), apps.WideResNet(22, 1, loop_blocks=True, **common))]
+    assert alphas[0] == pytest.approx(alphas[1], rel=1e-6) and len(alphas[0]) == 10  # 9 blocks + post_bn
+    # group1 (no projection at width 1): Var[x] = 1 + j * beta^2 entering block j + 1.
+    assert [alphas[1][f"group1_block{j + 1}_preact_bn_nf_alpha"] for j in range(3)] == pytest.approx(
+        [1 / np.sqrt(1 + j * 0.09) for j in range(3)], rel=1e-6)
+    assert alphas[1]["post_bn_nf_alpha"] == pytest.approx(1 / np.sqrt(1 + 3 * 0.09), rel=1e-6)
+
+
 def test_bad_options_are_clear_errors():
-    with pytest.raises(ValueError, match="no looped form"):
-        apps.WideResNet(16, 1, normalization="nf", loop_blocks=True)
     with pytest.raises(ValueError, match="pass loop_blocks=True"):
         apps.WideResNet(16, 1, remat=True)
+    _, loop = pair("skipinit")
+    layer = next(layer for layer in loop.layers if isinstance(layer, looped.RepeatedBlocks))
+    with pytest.raises(ValueError, match="one value per block"):
+        looped.RepeatedBlocks(layer.block, layer.prefixes, initial_values={"_1_conv/kernel": [0.0]})
+    with pytest.raises(ValueError, match="name no weight"):
+        looped.RepeatedBlocks(layer.block, layer.prefixes, initial_values={"_nope/alpha": [0.0] * 3}).build(None)
 
 
 # --- TensorFlow: graph size, export, tf.distribute, train.py ---------------------------

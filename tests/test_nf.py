@@ -47,7 +47,7 @@ def test_spp_follows_the_analytic_variance():
     expected = 1.0
     for row in rows:
         first = row["name"].endswith("_block1")  # transition: projected shortcut of alpha * x
-        alpha = model.get_layer(row["name"] + "_preact_bn_nf_alpha").scale
+        alpha = float(keras.ops.convert_to_numpy(model.get_layer(row["name"] + "_preact_bn_nf_alpha").value))
         assert alpha == pytest.approx(1 / math.sqrt(expected))
         predicted_skip = 1.0 if first else expected
         assert row["skip_var"] == pytest.approx(predicted_skip, rel=0.2), row
