@@ -5,6 +5,7 @@ embedded MNIST, 28x28) so the loss can be seen to fall.
 
     python benchmarks/depth_scaling.py                     # WRN-16/100/1000-2, all three forms
     python benchmarks/depth_scaling.py --width=1 --depths=10000 --forms=looped,looped_remat --batch_size=8
+    python benchmarks/depth_scaling.py --width=1 --depths=10000 --forms=looped_remat --batch_size=8 --fixed_batch
     KERAS_BACKEND=jax python benchmarks/depth_scaling.py --depths=16,100
 """
 
@@ -22,7 +23,7 @@ import json, resource, sys, time, statistics
 import numpy as np, keras
 from keras_skipinit import applications as apps
 from keras_skipinit import analysis
-depth, width, batch, normalization, steps, build_only, form, lr = json.loads(sys.argv[1])
+depth, width, batch, normalization, steps, build_only, form, lr, fixed_batch = json.loads(sys.argv[1])
 start = time.perf_counter()
 model = apps.WideResNet(depth, width, input_shape=(28, 28, 1), normalization=normalization,
                         loop_blocks=form != "unrolled", remat=form == "looped_remat")
@@ -30,10 +31,11 @@ out = {"depth": depth, "form": form, "layers": len(model.layers), "params": mode
        "build_s": time.perf_counter() - start}
 if not build_only:
     model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9), loss=keras.losses.CategoricalCrossentropy())
-    n = batch * (steps + 1)  # steps + 1 different batches of real digits
+    n = batch * (1 if fixed_batch else steps + 1)  # steps + 1 different batches of real digits, or one
     x_all, labels = analysis.real_digits(n, seed=0, with_labels=True)
     y_all = np.eye(10, dtype="float32")[labels]
-    batches = [(x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]) for i in range(steps + 1)]
+    batches = [(x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch])
+               for i in ([0] * (steps + 1) if fixed_batch else range(steps + 1))]
     start = time.perf_counter(); losses = [float(model.train_on_batch(*batches[0]))]
     out["first_step_s"] = time.perf_counter() - start
     times = []
@@ -48,7 +50,8 @@ print("RESULT " + json.dumps(out))
 
 
 def measure(depth, form, args, build_only=False):
-    spec = json.dumps([depth, args.width, args.batch_size, args.normalization, args.steps, build_only, form, args.lr])
+    spec = json.dumps([depth, args.width, args.batch_size, args.normalization, args.steps, build_only, form, args.lr,
+                       args.fixed_batch])
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True, timeout=args.timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -67,6 +70,9 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--forms", default="unrolled,looped,looped_remat")
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--fixed_batch", action="store_true",
+                   help="train every step on the same batch: the loss then falls step by step if the whole depth "
+                        "learns (with a new batch per step, batch-to-batch noise hides a few steps of progress)")
     p.add_argument("--build_10000", action="store_true", help="also build (only) a 10,000-layer WRN in each form")
     p.add_argument("--name", default="depth_scaling", help="results/<name>.json")
     p.add_argument("--timeout", type=int, default=1800)
