@@ -7,11 +7,33 @@ tests/test_backends.py); tests that need TensorFlow itself are marked
 initializes its runtime, so this runs at import time of the test session.
 """
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    """TensorFlow 2.21 writes start-up lines from C++ (absl, before
+    TF_CPP_MIN_LOG_LEVEL applies) to file descriptor 2 on import. Under
+    pytest-xdist the controller's copy is released after the summary, so
+    the run would not end on pytest's closing line: keep them out."""
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+with _stderr_to_devnull():
+    import keras  # noqa: E402
+
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow  # noqa: E402, F401
 import pytest  # noqa: E402
 
 BACKEND = keras.backend.backend()

@@ -23,7 +23,7 @@ JAX_SUBSET = ["tests/test_layers.py", "tests/test_applications.py", "tests/test_
               "tests/test_nf.py", "tests/test_looped.py"]
 # The slowest builds and checks whose code paths the rest already run under JAX (CI time).
 JAX_DESELECT = ("not resnet50_matches_keras_applications and not 1000_layer and not deeper_resnets_use_the_same"
-                " and not kernels_are_scaled_orthonormal and not write_and_cli")
+                " and not kernels_are_scaled_orthonormal and not write_and_cli and not bottleneck_resnets_loop")
 pytestmark = tf_only  # the parent process is the TensorFlow run
 
 
@@ -41,9 +41,11 @@ def run_jax(args, timeout=900):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_model_and_layer_tests_pass_under_jax():
+@pytest.mark.parametrize("test_file", JAX_SUBSET)
+def test_model_and_layer_tests_pass_under_jax(test_file):
+    """One JAX process per file, so that `pytest -n` spreads them over the cores."""
     require_jax()
-    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", JAX_DESELECT, *JAX_SUBSET])
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", JAX_DESELECT, test_file])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 

@@ -225,7 +225,7 @@ def test_train_py_mirrored_and_resumed_looped_runs(tmp_path):
     equals one device with ghost BN, and raising --epochs resumes the run."""
     from keras_skipinit import training
 
-    common = dict(depth=22, width=1, normalization="ghost_batchnorm", ghost_batch_size=8, loop_blocks=True,
+    common = dict(depth=16, width=1, normalization="ghost_batchnorm", ghost_batch_size=8, loop_blocks=True,
                   epochs=1, steps_per_epoch=2, batch_size=32, schedule="constant", learning_rate=0.05, verbose=0)
     one = training.train(training.Config(strategy="one_device", model_dir=str(tmp_path / "one"), **common))
     two = training.train(training.Config(strategy="mirrored", model_dir=str(tmp_path / "two"), **common))
