@@ -25,7 +25,7 @@ setup(
         "tensorflow-serving-api>=2.16,<2.22",
     ],
     # jax: the tests of the other Keras backend (tests/test_backends.py); CPU build.
-    # pytest-xdist: the suite runs on two processes (pytest.ini's -n).
+    # pytest-xdist: the suite runs on every core, at most 4 workers (pytest.ini's -n).
     extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30"]},
     entry_points={
         "console_scripts": [
