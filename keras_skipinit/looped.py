@@ -67,6 +67,12 @@ class RepeatedBlocks(keras.layers.Layer):
     def template_prefix(self):
         return self.prefixes[0]
 
+    @staticmethod
+    def initial_value_key(layer_name, template_prefix, weight_name):
+        """The `initial_values` key of weight `weight_name` of the template's
+        layer `layer_name`: "<layer suffix>/<weight name>"."""
+        return f"{layer_name[len(template_prefix):]}/{weight_name}"
+
     def slots(self):
         """(template layer, index into its weights, template variable) for every
         per-block weight, in the order of the template's variables."""
@@ -81,7 +87,7 @@ class RepeatedBlocks(keras.layers.Layer):
         self._stacked = []
         unused = set(self.initial_values)
         for index, (layer, _, variable) in enumerate(self.slots()):
-            key = f"{layer.name[len(self.template_prefix):]}/{variable.name}"
+            key = self.initial_value_key(layer.name, self.template_prefix, variable.name)
             if key in self.initial_values:
                 unused.discard(key)
                 values = np.asarray(self.initial_values[key], dtype=variable.dtype).reshape((n, *variable.shape))

@@ -212,10 +212,9 @@ class BlockOps:
                                name=prefixes[0] + "_template")
         growth = self.expected_var - var_in
         self.expected_var = var_in + n * growth
-        initial_values = {
-            f"{name[len(prefixes[0]):]}/alpha": [1.0 / math.sqrt(var_in + j * growth) for j in range(n)]
-            for name in self._nf_alphas[alphas_before:]
-        }
+        alphas = [1.0 / math.sqrt(var_in + j * growth) for j in range(n)]
+        initial_values = {looped.RepeatedBlocks.initial_value_key(name, prefixes[0], "alpha"): alphas
+                          for name in self._nf_alphas[alphas_before:]}
         return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
                                      initial_values=initial_values, name=f"{prefixes[0]}_x{len(prefixes)}")(x)
 
