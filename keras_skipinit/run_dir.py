@@ -8,15 +8,19 @@
       history.csv, results.json, tensorboard/
       model.keras          the final model, with keras_skipinit.json inside
                            (preprocessing and input shape, for export)
+      .lock                held (flock) by the process training the run
 
 `training` writes these and `serving` reads them; neither imports the other.
 """
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import zipfile
@@ -30,6 +34,7 @@ RESULTS = "results.json"
 HISTORY = "history.csv"
 MODEL = "model.keras"
 CHECKPOINTS = "checkpoint"
+LOCK = ".lock"
 KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
 PREPROCESSINGS = ("standardize", "imagenet")
 _BUILDERS = {"wrn": "WideResNet", "resnet_v1": "ResNet", "resnet_v2": "ResNet"}
@@ -68,6 +73,30 @@ def strict_json(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+@contextlib.contextmanager
+def lock(model_dir):
+    """Holds model_dir for one process: an exclusive flock on model_dir/.lock
+    for the life of the `with` block. The kernel drops it when the process
+    ends, killed or not, so no stale lock survives a crash. A second process
+    gets a one-line ValueError naming the holder (pid, host, command)."""
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(model_dir, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        with os.fdopen(fd) as f:
+            holder = f.read().strip() or "another process"
+        raise ValueError(f"--model_dir={model_dir} is in use by {holder}; wait for it, or use another --model_dir") from None
+    try:
+        os.ftruncate(fd, 0)
+        command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({command[:200]})\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 # --- the model a run trains -------------------------------------------------------

@@ -152,3 +152,18 @@ def test_models_and_ghost_bn_under_pytorch():
     env = {**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     proc = subprocess.run([sys.executable, "-c", TORCH], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", [["train.py", "--epochs=1", "--steps_per_epoch=1"],
+                                     ["-m", "keras_skipinit.sweep", "--depths=10", "--methods=skipinit", "--lrs=0.1",
+                                      "--seeds=1", "--best_k=1", "--epochs=1", "--steps_per_epoch=1"]])
+def test_training_refuses_other_backends_until_it_is_right_there(tmp_path, command):
+    """Training on JAX ended at 33% where TensorFlow reached 91% (issue 20):
+    refused with one line, nothing trained or written."""
+    require_jax()
+    flag = "--model_dir" if command[0] == "train.py" else "--out"
+    proc = run_jax([*command, f"{flag}={tmp_path}/out"], timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert "TensorFlow backend only" in line and "'jax'" in line
+    assert not os.path.exists(f"{tmp_path}/out/runs.jsonl") and not os.path.exists(f"{tmp_path}/out/history.csv")

@@ -3,8 +3,10 @@ results and the command lines around them (issue: hardening)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -170,6 +172,40 @@ def test_raising_epochs_continues_and_restart_starts_over(tmp_path):
     assert len(open(os.path.join(model_dir, "history.csv")).read().splitlines()) == 2
 
 
+def test_a_model_dir_is_held_by_one_process_at_a_time(tmp_path):
+    """A second train.py on a model_dir in use refuses at once, naming the
+    holder; a killed holder leaves no stale lock."""
+    model_dir = tmp_path / "run"
+    flags = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=400", "--verbose=0", f"--model_dir={model_dir}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    first = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (model_dir / run_dir.SPEC).exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert first.poll() is None, "the first run ended before the second started"
+        second = run_cli(*flags)
+        assert first.poll() is None, "the first run ended before the second was refused"
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        (line,) = error_lines(second)
+        assert f"is in use by process {first.pid} on {socket.gethostname()}" in line and "train.py" in line
+    finally:
+        first.kill()
+        first.wait()
+    assert not (model_dir / run_dir.HISTORY).exists()  # the refused run wrote nothing
+    with run_dir.lock(str(model_dir)):  # the kernel released the killed holder's lock
+        with pytest.raises(ValueError, match="is in use by process"):
+            with run_dir.lock(str(model_dir)):  # a second holder, even in the same process
+                pass
+
+
+def test_a_new_model_dir_holding_only_the_lock_file_is_accepted(tmp_path):
+    with run_dir.lock(str(tmp_path / "run")):
+        pass
+    training.check_not_foreign(str(tmp_path / "run"))  # no ValueError
+
+
 @pytest.mark.parametrize("kind", ["empty", "file", "foreign"])
 def test_bad_model_dirs_are_one_line_errors(tmp_path, kind):
     if kind == "empty":
@@ -184,6 +220,8 @@ def test_bad_model_dirs_are_one_line_errors(tmp_path, kind):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = error_lines(proc)
     assert words in line
+    if kind == "foreign":
+        assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing written into it, not even the lock
 
 
 def test_a_diverged_run_writes_strict_json(tmp_path):
