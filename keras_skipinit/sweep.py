@@ -226,15 +226,47 @@ def _config(args, key, depth, lr, seed):
     )
 
 
-def _load_runs(path):
+def _load_runs(path, repair=False):
+    """The runs recorded in runs.jsonl, keyed by (method, depth, lr, seed).
+
+    A last line that is not whole JSON is what a kill mid-write leaves: it is
+    dropped with a warning (and, with `repair`, cut from the file so that the
+    next result starts on a line of its own), and its run runs again. A bad
+    line anywhere else is a one-line ValueError naming the file and line."""
     runs = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    run = json.loads(line)
-                    runs[(run["method"], run["depth"], _lr_key(run["lr"]), run["seed"])] = run
+    if not os.path.exists(path):
+        return runs
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    offset = 0
+    for number, raw in enumerate(lines, 1):
+        if raw.strip():
+            try:
+                run = json.loads(raw)
+                ident = (run["method"], run["depth"], _lr_key(run["lr"]), run["seed"])
+            except (ValueError, KeyError, TypeError) as e:
+                if number - 1 != last:
+                    raise ValueError(f"{path}, line {number}: not a sweep result ({type(e).__name__}: {e}); "
+                                     "mend or delete that line") from None
+                print(f"Warning: {path}, line {number} is incomplete (a sweep killed while writing it); "
+                      "dropped, its run runs again.", file=sys.stderr)
+                if repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(offset)
+                break
+            runs[ident] = run
+        offset += len(raw) + 1
     return runs
+
+
+def _append_run(path, run):
+    """One whole line per result: a single write, flushed to disk before the
+    sweep moves on (a kill leaves at most an incomplete last line)."""
+    with open(path, "ab") as f:
+        f.write((json.dumps(_strict(run)) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def run_sweep(args):
@@ -242,7 +274,7 @@ def run_sweep(args):
 
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "runs.jsonl")
-    done = _load_runs(log_path)
+    done = _load_runs(log_path, repair=True)
     machine = _machine()
     base = {_lr_key(lr) for lr in args.lrs}
     # Per cell: the base grid, then (extend_grid) the points an earlier run of
@@ -265,12 +297,14 @@ def run_sweep(args):
         result = training.train(_config(args, key, depth, lr, seed))
         state["new"] += 1
         state["seconds"] += time.time() - start
+        results = {k: v for k, v in result.items() if k != "chief"}
+        # Paths relative to --out: no machine's directories in committed results.
+        results["config"] = {**results["config"], "model_dir": os.path.relpath(results["config"]["model_dir"], args.out)}
         run = {"method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
                "status": result["status"], "test_top1": result["test_top1"],
                "train_cross_entropy": result["train_cross_entropy"], "wall_time_s": result["wall_time_s"],
-               "machine": machine, "results": {k: v for k, v in result.items() if k != "chief"}}
-        with open(log_path, "a") as f:
-            f.write(json.dumps(_strict(run)) + "\n")
+               "machine": machine, "results": results}
+        _append_run(log_path, run)
         done[ident] = run
         left = max(planned - len(done), 0)
         eta = state["seconds"] / state["new"] * left
@@ -471,7 +505,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    runs = list(_load_runs(os.path.join(args.out, "runs.jsonl")).values()) if args.report_only else run_sweep(args)
+    try:
+        if args.report_only:
+            runs = list(_load_runs(os.path.join(args.out, "runs.jsonl")).values())
+            if not runs:
+                raise ValueError(f"no runs in {args.out} (no {os.path.join(args.out, 'runs.jsonl')} with results): "
+                                 "run the sweep without --report_only first")
+        else:
+            runs = run_sweep(args)
+    except ValueError as e:
+        print(f"python -m keras_skipinit.sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(report(runs, args))
 
 

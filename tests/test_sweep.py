@@ -1,5 +1,7 @@
+import dataclasses
 import json
 import math
+import os
 
 import pytest
 
@@ -67,7 +69,7 @@ def fake_train(calls):
         calls.append((config.normalization, config.learning_rate, config.seed, config.bn_momentum))
         acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) + 7) + 0.001 * config.seed
         return {"status": "completed", "test_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
-                "chief": True, "epochs_completed": config.epochs}
+                "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
     return train
 
 
@@ -113,7 +115,7 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
         acc = 0.1 if config.depth == 16 and config.seed == 0 else 0.8
         status = "diverged" if config.normalization == "none" else "completed"
         return {"status": status, "test_top1": None if status == "diverged" else acc, "train_cross_entropy": 0.5,
-                "wall_time_s": 1.0, "chief": True}
+                "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
     monkeypatch.setattr(training, "train", train)
     sweep.main(["--preset=fixup_fig3", "--depths=16,22", "--methods=fixup,none", f"--out={tmp_path}"])
@@ -137,3 +139,41 @@ def test_tiny_real_sweep_end_to_end(tmp_path):
     assert [line["status"] for line in lines] == ["completed", "diverged"]  # 2^20 blows up
     assert lines[1]["results"]["diverged_at"]["epoch"] == 0 and "cores" in lines[0]["machine"]
     assert (tmp_path / "sweep.png").stat().st_size > 5000
+
+
+def test_a_result_line_cut_by_a_kill_is_dropped_and_its_run_runs_again(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-8,-7,-6", "--seeds=1", "--best_k=1", f"--out={tmp_path}"]
+    sweep.main(args)
+    log = tmp_path / "runs.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["results"]["config"]["model_dir"] ==
+                                   os.path.relpath(f"runs/sweeps/{tmp_path.name}/skipinit_d10_lr{2.0**k:.6g}_s0", tmp_path)
+                                   for line, k in zip(lines, (-8, -7, -6)))
+    log.write_text("\n".join(lines[:2]) + "\n" + '{"method": "skipinit", "depth": 10, "l')  # killed mid-write
+    sweep.main([*args, "--report_only"])  # reads the two whole lines, warns, changes nothing
+    assert "line 3 is incomplete" in capsys.readouterr().err and log.read_text().endswith('"l')
+    calls.clear()
+    sweep.main(args)  # resume: the cut run runs again, its line whole on a line of its own
+    assert [round(math.log2(lr)) for _, lr, _, _ in calls] == [-6]
+    assert [json.loads(line)["log2_lr"] for line in log.read_text().splitlines()] == [-8, -7, -6]
+
+
+def test_a_corrupt_result_line_before_the_last_is_a_one_line_error(tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    whole = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed"})
+    log.write_text(whole + "\n" + "{oops\n" + whole.replace('"seed": 0', '"seed": 1') + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main([f"--out={tmp_path}", "--report_only"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{log}, line 2: not a sweep result" in line
+
+
+def test_report_only_without_runs_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main([f"--out={tmp_path / 'empty'}", "--report_only"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no runs in" in line and "empty" in line
