@@ -6,13 +6,19 @@ import platform
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from keras_skipinit import _startup
+
+_startup.quiet_start()  # before Keras loads TensorFlow: none of its C++ start-up lines
 
 import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)
 
 from keras_skipinit.sweep import cpu_name  # noqa: E402
 
 BACKEND = keras.backend.backend()
+if BACKEND == "tensorflow":  # the benchmarks build many models on purpose: no tf.function retracing warnings
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
 
 
 def accelerators():

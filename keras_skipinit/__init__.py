@@ -9,6 +9,11 @@ are imported when first used, so `import keras_skipinit` needs no TensorFlow.
 
 import importlib
 
+from keras_skipinit import _startup
+
+if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
+    _startup.quiet_start()
+
 # optimizers and schedules register the optimizer and schedule saved in .keras files.
 from keras_skipinit import analysis, applications, layers, lsuv, normalization, optimizers, schedules
 from keras_skipinit.layers import FixupBias, GhostBatchNormalization, SkipInitScale

@@ -40,6 +40,7 @@ class Dataset:
     raw_shape: tuple  # (height, width, channels) of the stored images
     style: str  # 'cifar' or 'imagenet'
     flip: bool
+    eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
 
     @property
     def input_shape(self):
@@ -64,19 +65,27 @@ def embedded_mnist(test_per_class=100, split_seed=0):
     return (images[train_mask], labels[train_mask]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
 
 
-def load(name, data_dir=None, manual_dir=None, train_examples=None):
+def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None):
     """Loads `name`: the embedded default or any TFDS image classification
     dataset with 'image' and 'label' features, prepared in `data_dir` on
     first use by TFDS's own builder (see `tfds_prepare`: offline from the
     download files in `manual_dir`, e.g. Fashion-MNIST from Debian's
     dataset-fashion-mnist). `train_examples`: train on the first N examples
-    of the training split only (the test split stays whole)."""
-    if train_examples is not None and (isinstance(train_examples, bool) or not isinstance(train_examples, numbers.Integral) or train_examples < 1):
-        raise ValueError(f"train_examples must be a positive int or None, got {train_examples!r}.")
+    of the training split only (the test split stays whole).
+    `validation_examples`: hold out the last N examples of the training
+    split and evaluate on them instead of the test split, to choose
+    hyperparameters without the test set (`train_examples` then counts from
+    the start of the rest)."""
+    for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
+    held_out = validation_examples or 0
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = embedded_mnist()
+        _check_subset(name, train_examples, held_out, len(xtr))
+        if held_out:
+            (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])
         if train_examples is not None:
-            _check_subset(name, train_examples, len(xtr))
             xtr, ytr = xtr[:train_examples], ytr[:train_examples]
         return Dataset(
             name,
@@ -88,6 +97,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None):
             xtr.shape[1:],
             "cifar",
             flip=False,
+            eval_split="validation" if held_out else "test",
         )
     from keras_skipinit import tfds_prepare
 
@@ -101,10 +111,12 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None):
     if splits and ("train" not in splits or test_split not in splits):
         raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
     builder = tfds_prepare.prepare(builder, manual_dir)
-    train_split = "train"
-    if train_examples is not None:
-        _check_subset(name, train_examples, builder.info.splits["train"].num_examples)
-        train_split = f"train[:{train_examples}]"
+    available = builder.info.splits["train"].num_examples
+    _check_subset(name, train_examples, held_out, available)
+    end = train_examples if train_examples is not None else (-held_out if held_out else None)
+    train_split = "train" if end is None else f"train[:{end}]"
+    if held_out:
+        test_split = f"train[-{held_out}:]"
     train, test = builder.as_dataset(split=[train_split, test_split], as_supervised=True)
     shape = tuple(features["image"].shape)
     style = "cifar" if None not in shape[:2] and max(shape[:2]) <= 64 else "imagenet"
@@ -118,12 +130,19 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None):
         shape,
         style,
         flip=not any(s in name for s in _NO_FLIP),
+        eval_split="validation" if held_out else "test",
     )
 
 
-def _check_subset(name, train_examples, available):
-    if available and train_examples > available:
-        raise ValueError(f"train_examples ({train_examples}) exceeds the {available} training examples of {name}.")
+def _check_subset(name, train_examples, held_out, available):
+    if not available:
+        return
+    if held_out >= available:
+        raise ValueError(f"validation_examples ({held_out}) leaves none of the {available} training examples of {name}.")
+    if train_examples is not None and train_examples > available - held_out:
+        rest = f"the {available - held_out} training examples left after {held_out} for validation" if held_out else (
+            f"the {available} training examples")
+        raise ValueError(f"train_examples ({train_examples}) exceeds {rest} of {name}.")
 
 
 def _num_examples(ds):

@@ -3,11 +3,9 @@
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from keras_skipinit import _cli  # noqa: E402
+from keras_skipinit import _cli
 
 USAGE = """Export a trained model as a TensorFlow Serving SavedModel.
 

@@ -7,11 +7,9 @@ finished but --export_dir failed (results.json is written either way).
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from keras_skipinit import _cli, data, normalization, run_dir, schedules, training  # noqa: E402
+from keras_skipinit import _cli, data, normalization, run_dir, schedules, training
 
 _D = training.Config()
 USAGE = """Train a keras_skipinit model with the papers' protocol.
@@ -66,6 +64,12 @@ flags.DEFINE_string(
     "(default for fashion_mnist: /usr/share/datasets/fashion-mnist, from `apt-get install dataset-fashion-mnist`).",
 )
 flags.DEFINE_integer("train_examples", None, "Train on the first N examples of the training split (default: all).", lower_bound=1)
+flags.DEFINE_integer(
+    "validation_examples", None,
+    "Hold out the last N training examples and evaluate on them instead of the test split, to choose "
+    "learning rates and epochs without the test set (results.json: eval_split 'validation').",
+    lower_bound=1,
+)
 flags.DEFINE_integer("batch_size", _D.batch_size, "Global batch size per optimizer update.", lower_bound=1)
 flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches accumulated per update (SkipInit §3).", lower_bound=1)
 flags.DEFINE_integer("epochs", _D.epochs, "Training epochs (schedule phases scale with it).", lower_bound=1)
@@ -135,7 +139,8 @@ def main(argv):
         print(f"Run diverged; see {results_path}")
         return 3
     print(
-        f"Test accuracy: top-1 {results['test_top1']:.4f}, top-5 {results['test_top5']:.4f} "
+        f"{'Validation' if results.get('eval_split') == 'validation' else 'Test'} accuracy: "
+        f"top-1 {results['test_top1']:.4f}, top-5 {results['test_top5']:.4f} "
         f"on {results['num_test']} held-out images ({results['epochs_completed']} "
         f"epoch{'' if results['epochs_completed'] == 1 else 's'}, {results['wall_time_s']:.0f} s). "
         f"Results: {results_path}"

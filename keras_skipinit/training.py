@@ -57,6 +57,7 @@ class Config:
     data_dir: str | None = None
     manual_dir: str | None = None
     train_examples: int | None = None
+    validation_examples: int | None = None
     batch_size: int = 32
     accumulation_steps: int = 1
     epochs: int = 12
@@ -132,8 +133,10 @@ def validate(config):
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
     if os.path.exists(c.model_dir) and not os.path.isdir(c.model_dir):
         raise ValueError(f"--model_dir={c.model_dir} is a file, not a directory")
-    if c.train_examples is not None and c.train_examples < 1:
-        raise ValueError(f"train_examples must be a positive integer, got {c.train_examples}")
+    for name in ("train_examples", "validation_examples"):
+        value = getattr(c, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def make_strategy(name):
@@ -248,6 +251,30 @@ def model_args(config, dataset):
 
 def build_model(config, dataset):
     return run_dir.build_model(model_args(config, dataset))
+
+
+def compiled_model(config, dataset, steps_per_epoch):
+    """The model with the papers' optimizer, L2 and metrics, compiled as
+    `train` runs it (also what benchmarks/ time)."""
+    model = build_model(config, dataset)
+    add_l2(model, config.l2)
+    optimizer = ScalarLRSGD(
+        scalar_lr_multiplier=scalar_lr(config),
+        learning_rate=schedules.PaperSchedule(config.schedule, config.learning_rate, steps_per_epoch, config.epochs),
+        momentum=config.momentum,
+        gradient_accumulation_steps=config.accumulation_steps if config.accumulation_steps > 1 else None,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.CategoricalCrossentropy(),
+        metrics=[
+            keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
+            keras.metrics.CategoricalAccuracy(name="top1"),
+            keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
+        ],
+        jit_compile=config.xla,
+    )
+    return model
 
 
 def write_model_spec(model_dir, config, dataset):
@@ -407,38 +434,26 @@ def _train(config, strategy, out_dir, start):
     worker's scratch directory), checkpoints are read from model_dir."""
     model_dir, chief, multi_worker = config.model_dir, is_chief(strategy), is_multi_worker(strategy)
 
-    dataset = data_lib.load(config.dataset, config.data_dir, config.manual_dir, config.train_examples)
+    dataset = data_lib.load(
+        config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples
+    )
     replicas = strategy.num_replicas_in_sync
     micro_batch = config.batch_size // config.accumulation_steps
     if micro_batch % replicas:
         raise ValueError(
             f"batch_size / accumulation_steps ({micro_batch}) must be divisible by the {replicas} replicas"
         )
-    steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
-    if steps_per_epoch < 1:
+    if config.batch_size > dataset.num_train:  # also with --steps_per_epoch (it repeats the data, not the batch)
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
+    steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
     micro_steps = steps_per_epoch * config.accumulation_steps
 
     with strategy.scope():
-        model = build_model(config, dataset)
+        model = compiled_model(config, dataset, steps_per_epoch)
         _note_ghost_batches(model, micro_batch // replicas, chief)
-        add_l2(model, config.l2)
-        optimizer = ScalarLRSGD(
-            scalar_lr_multiplier=scalar_lr(config),
-            learning_rate=schedules.PaperSchedule(config.schedule, config.learning_rate, steps_per_epoch, config.epochs),
-            momentum=config.momentum,
-            gradient_accumulation_steps=config.accumulation_steps if config.accumulation_steps > 1 else None,
-        )
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.CategoricalCrossentropy(),
-            metrics=[
-                keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
-                keras.metrics.CategoricalAccuracy(name="top1"),
-                keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
-            ],
-            jit_compile=config.xla,
-        )
+        warning = memory_warning(model, micro_batch // replicas)
+        if warning and chief:
+            print(warning, file=sys.stderr, flush=True)
         if multi_worker:
             enable_multi_worker_fit(model)
         write_model_spec(out_dir, config, dataset)
@@ -512,12 +527,50 @@ def _train(config, strategy, out_dir, start):
         "wall_time_s": time.time() - start,
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
+        "eval_split": dataset.eval_split,  # 'validation': test_* are on the held-out training examples
         "config": dataclasses.asdict(config),
     }
     if not diverged:
         run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), preprocessing(dataset))
     run_dir.write_json(os.path.join(out_dir, run_dir.RESULTS), run_dir.strict_json(results))
     return results
+
+
+def activation_bytes(model, batch):
+    """A lower bound on a training step's activation memory: every layer's
+    output, kept for the backward pass, at the compute dtype (a looped stage
+    counts one output per block)."""
+    itemsize = 2 if keras.config.dtype_policy().compute_dtype in ("bfloat16", "float16") else 4
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        outputs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
+        blocks = len(getattr(layer, "prefixes", ())) or 1  # looped.RepeatedBlocks
+        total += blocks * sum(math.prod(o.shape[1:]) for o in outputs)
+    return total * batch * itemsize
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def memory_warning(model, per_replica_batch):
+    """A warning when, on the CPU, one step's activations alone exceed the
+    memory available (the process would be killed or crash mid-step)."""
+    if tf.config.list_logical_devices("GPU"):
+        return None
+    need, have = activation_bytes(model, per_replica_batch), available_memory_bytes()
+    if have is None or need <= have:
+        return None
+    return (f"Warning: a training step at batch {per_replica_batch} needs at least {need / 2**30:.1f} GiB for "
+            f"activations, more than the {have / 2**30:.1f} GiB of memory available: it will likely be killed. "
+            "Lower --batch_size, or raise --accumulation_steps (same updates, smaller micro-batches).")
 
 
 def _note_ghost_batches(model, per_replica_batch, chief):

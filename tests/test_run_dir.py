@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_skipinit import applications as apps, run_dir, training
+from keras_skipinit import _startup, applications as apps, run_dir, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -302,3 +302,47 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
     os.remove(model_dir / "model.keras")
     with pytest.raises(ValueError, match="no readable checkpoint"):
         serving.load_source(str(model_dir))
+
+
+# --- a quiet start -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [
+    [os.path.join(ROOT, "train.py"), "--no_such_flag"],
+    ["-m", "export", "--no_such_flag"],
+    ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
+    [os.path.join(os.path.dirname(sys.executable), "keras-skipinit-train"), "--no_such_flag"],
+])
+def test_commands_start_without_tensorflow_start_up_lines(command):
+    """They printed TensorFlow's C++ start-up lines (twice for train.py, with
+    'failed call to cuInit' on every machine without a GPU) before the flag
+    error; a user's own TF_CPP_MIN_LOG_LEVEL still shows them."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    args = command if command[0].endswith("keras-skipinit-train") else [sys.executable, *command]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": ROOT}, cwd=ROOT)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines and all("no_such" in line or "--help" in line or line.startswith("usage:") or line.startswith("  ")
+                         for line in lines), lines
+    if command[0].endswith("train.py"):
+        loud = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                              env={**env, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=ROOT)
+        assert any(_startup.is_noise(line) for line in loud.stderr.splitlines()), loud.stderr[-2000:]
+
+
+def test_tensorflow_start_up_lines_are_recognized_and_nothing_else():
+    noise = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1795557130.894188    3178 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.",
+        "E0000 00:00:1795557130.928432    3178 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call "
+        "to cuInit: UNKNOWN ERROR (303)",
+        "I0000 00:00:1795557234.888995    3528 port.cc:153] oneDNN custom operations are on. You may see slightly different "
+        "numerical results due to floating-point round-off errors from different computation orders.",
+        "I0000 00:00:1795557444.103872    4687 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available "
+        "CPU instructions in performance-critical operations.",
+        "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 FMA, in other operations, rebuild "
+        "TensorFlow with the appropriate compiler flags.",
+    ]
+    kept = ["train.py: error: --model_dir=x is in use by process 1", "W0000 00:00:1.0 12 op_kernel.cc:1] OOM when allocating",
+            "Traceback (most recent call last):", "WARNING: something else"]
+    assert all(_startup.is_noise(line) for line in noise) and not any(_startup.is_noise(line) for line in kept)

@@ -175,6 +175,24 @@ def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
         data.load(data.EMBEDDED, train_examples=4001)
 
 
+def test_validation_examples_are_the_last_training_examples_and_never_trained_on():
+    (xtr, ytr), _ = data.embedded_mnist()
+    ds = data.load(data.EMBEDDED, validation_examples=500)
+    assert (ds.num_train, ds.num_test, ds.eval_split) == (3500, 500, "validation")
+    val = np.stack([x.numpy() for x, _ in ds.test])
+    np.testing.assert_array_equal(val, xtr[-500:])
+    np.testing.assert_array_equal(np.stack([x.numpy() for x, _ in ds.train]), xtr[:3500])
+    subset = data.load(data.EMBEDDED, train_examples=100, validation_examples=500)
+    assert (subset.num_train, subset.num_test) == (100, 500)
+    assert data.load(data.EMBEDDED).eval_split == "test"
+    with pytest.raises(ValueError, match="exceeds the 3500 training examples left after 500 for validation"):
+        data.load(data.EMBEDDED, train_examples=3501, validation_examples=500)
+    with pytest.raises(ValueError, match="leaves none"):
+        data.load(data.EMBEDDED, validation_examples=4000)
+    with pytest.raises(ValueError, match="validation_examples must be a positive int"):
+        data.load(data.EMBEDDED, validation_examples=0)
+
+
 def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=64):
         ds = data.load("cifar10")

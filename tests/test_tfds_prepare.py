@@ -42,6 +42,19 @@ def test_training_on_real_fashion_mnist_through_train_py(fashion_mnist_data_dir,
     assert results["test_top1"] > 0.45, results
 
 
+def test_fashion_mnist_validation_split_is_the_last_5000_training_images(fashion_mnist_data_dir):
+    ds = data.load("fashion_mnist", fashion_mnist_data_dir, validation_examples=5000)
+    assert (ds.num_train, ds.num_test, ds.eval_split) == (55000, 5000, "validation")
+    builder = tfds.builder("fashion_mnist", data_dir=fashion_mnist_data_dir)
+    full = builder.as_dataset(split="train", as_supervised=True)
+    (first_val, _), = ds.test.take(1)
+    (image_55000, _), = full.skip(55000).take(1)
+    (last_train, _), = ds.train.skip(54999).take(1)
+    (image_54999, _), = full.skip(54999).take(1)
+    np.testing.assert_array_equal(first_val, image_55000)
+    np.testing.assert_array_equal(last_train, image_54999)
+
+
 def test_files_that_are_no_known_copy_are_refused(tmp_path):
     manual = tmp_path / "manual"
     manual.mkdir()

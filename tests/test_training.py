@@ -98,6 +98,26 @@ def test_bad_configs_raise_value_errors(kwargs, match, tmp_path):
         training.train(small_config(tmp_path, **kwargs))
 
 
+def test_a_batch_larger_than_the_data_is_refused_also_with_steps_per_epoch(tmp_path):
+    """It ran out of memory and segfaulted (exit 139) instead."""
+    with pytest.raises(ValueError, match="batch_size 100000 exceeds the 4000 training examples"):
+        training.train(small_config(tmp_path, batch_size=100000, steps_per_epoch=2))
+
+
+def test_activation_memory_is_every_layer_output_and_warned_about_beyond_the_memory(monkeypatch):
+    inputs = keras.Input((6, 6, 1))
+    conv = keras.layers.Conv2D(3, 3, padding="same")(inputs)  # 108 per image
+    pooled = keras.layers.GlobalAveragePooling2D()(conv)  # 3
+    model = keras.Model(inputs, keras.layers.Dense(5)(pooled))  # 5
+    assert training.activation_bytes(model, 10) == 10 * (108 + 3 + 5) * 4
+    monkeypatch.setattr(training, "available_memory_bytes", lambda: 10 * 116 * 4 - 1)
+    assert "needs at least" in training.memory_warning(model, 10) and training.memory_warning(model, 9) is None
+    looped = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3, loop_blocks=True)
+    unrolled = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3)
+    assert training.activation_bytes(looped, 1) <= training.activation_bytes(unrolled, 1)
+    assert training.activation_bytes(looped, 1) >= 6 * 8 * 8 * 16  # each block's output at least
+
+
 @pytest.mark.parametrize("kind", ["cifar", "imagenet", "constant"])
 def test_schedule_follows_updates_not_micro_batches(kind):
     """With gradient accumulation, update u must use lr(u): after all updates
