@@ -43,7 +43,13 @@ METHODS = {
     "none": ("No normalization, no scaling", dict(normalization="none")),
     "fixup": ("Fixup", dict(normalization="fixup")),
     "lsuv": ("LSUV, no normalization", dict(normalization="none", lsuv=True)),
+    "regularized_skipinit": ("Regularized SkipInit", dict(normalization="regularized_skipinit")),
+    "nf": ("NF-ResNet", dict(normalization="nf")),
 }
+# SkipInit Table 1 (CIFAR-10, WRN-n-2, 200 epochs, best 5 of 7): test accuracy %.
+PAPER_TABLE1 = {("batchnorm", 16): 93.5, ("batchnorm", 100): 94.7, ("skipinit_one", 16): 93.0,
+                ("skipinit_inv_sqrt_d", 16): 93.0, ("skipinit_inv_sqrt_d", 100): 94.2, ("skipinit", 16): 93.3,
+                ("skipinit", 100): 94.2, ("sqrt2", 16): 92.4, ("sqrt2", 100): 88.9}
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 
 PRESETS = {
@@ -60,8 +66,24 @@ PRESETS = {
         lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
         train_examples=32000, dataset="fashion_mnist", bn_momentum=0.9,
     ),
+    # Converged Table 1, protocol and budget: docs/skipinit_table1_converged/README.md.
+    # Step 1, E: BatchNorm's validation curve at a constant learning rate.
+    "table1_converged_epochs": dict(
+        protocol="depth", depths="16", width=1, methods="batchnorm", log2_lrs="-2", seeds=1, best_k=1,
+        extend_grid=False, epochs=20, schedule="constant", batch_size=128, dataset="fashion_mnist", bn_momentum=0.9,
+        validation_examples=5000, mixed_precision="bfloat16",
+    ),
+    # Step 2: WRN-16-1, six methods; rate chosen on the validation split, then 3 seeds on all training images.
+    "table1_converged": dict(
+        protocol="converged", depths="16", width=1,
+        methods="batchnorm,skipinit,regularized_skipinit,fixup,nf,sqrt2",
+        centre_log2_lrs="batchnorm=-2,skipinit=-4,regularized_skipinit=-4,fixup=-3,nf=-2,sqrt2=-6",
+        seeds=1, best_k=1, extend_grid=True, final_seeds=3, epochs=12, schedule="cifar", batch_size=128,
+        dataset="fashion_mnist", bn_momentum=0.9, validation_examples=5000, mixed_precision="bfloat16",
+    ),
 }
 NOT_RUN = "not run"
+SELECT, FINAL = "select", "final"  # converged protocol: runs that choose the lr, runs reported on the test set
 
 
 def _lr_key(lr):
@@ -212,7 +234,10 @@ def _machine():
     return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
-def _config(args, key, depth, lr, seed):
+def _config(args, key, depth, lr, seed, phase=SELECT):
+    """A run's training.Config. Runs that choose the learning rate evaluate on
+    --validation_examples held out of the training set; final runs train on
+    all of it and evaluate on the test set."""
     from keras_skipinit import training
 
     overrides = dict(METHODS[key][1])
@@ -222,8 +247,26 @@ def _config(args, key, depth, lr, seed):
         depth=depth, width=args.width, learning_rate=lr, epochs=args.epochs, schedule=args.schedule,
         batch_size=args.batch_size, steps_per_epoch=args.steps_per_epoch, dataset=args.dataset,
         data_dir=args.data_dir, train_examples=args.train_examples, seed=seed, verbose=0,
-        model_dir=os.path.join(args.runs_dir, f"{key}_d{depth}_lr{lr:.6g}_s{seed}"), **overrides,
+        validation_examples=args.validation_examples if phase == SELECT else None,
+        mixed_precision=args.mixed_precision, xla=args.xla, loop_blocks=args.loop_blocks,
+        model_dir=os.path.join(args.runs_dir, f"{key}_d{depth}_lr{lr:.6g}_s{seed}" + ("_final" if phase == FINAL else "")),
+        **overrides,
     )
+
+
+def _curve(model_dir):
+    """Per epoch, the evaluation accuracy (history.csv's val_top1)."""
+    path = os.path.join(model_dir, "history.csv")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = f.read().strip().splitlines()
+    column = lines[0].split(",").index("val_top1") if "val_top1" in lines[0].split(",") else None
+    return None if column is None else [float(line.split(",")[column]) for line in lines[1:]]
+
+
+def _ident(key, depth, lr, seed, phase=SELECT):
+    return key, depth, _lr_key(lr), seed, phase
 
 
 def _load_runs(path, repair=False):
@@ -244,7 +287,7 @@ def _load_runs(path, repair=False):
         if raw.strip():
             try:
                 run = json.loads(raw)
-                ident = (run["method"], run["depth"], _lr_key(run["lr"]), run["seed"])
+                ident = _ident(run["method"], run["depth"], run["lr"], run["seed"], run.get("phase", SELECT))
             except (ValueError, KeyError, TypeError) as e:
                 if number - 1 != last:
                     raise ValueError(f"{path}, line {number}: not a sweep result ({type(e).__name__}: {e}); "
@@ -276,44 +319,53 @@ def run_sweep(args):
     log_path = os.path.join(args.out, "runs.jsonl")
     done = _load_runs(log_path, repair=True)
     machine = _machine()
-    base = {_lr_key(lr) for lr in args.lrs}
     # Per cell: the base grid, then (extend_grid) the points an earlier run of
     # this sweep added, whose missing seeds run first on resume.
-    grids = {(key, depth): list(args.lrs) + (sorted({r["lr"] for r in done.values() if r["method"] == key
-                                                     and r["depth"] == depth and _lr_key(r["lr"]) not in base})
-                                             if args.extend_grid else [])
-             for depth in args.depths for key in args.methods}
-    planned = sum(len(lrs) for lrs in grids.values()) * args.seeds
+    grids = {}
+    for depth in args.depths:
+        for key in args.methods:
+            base = base_lrs(args, key)
+            added = {r["lr"] for r in done.values() if r["method"] == key and r["depth"] == depth
+                     and r.get("phase", SELECT) == SELECT and _lr_key(r["lr"]) not in {_lr_key(lr) for lr in base}}
+            grids[(key, depth)] = [] if key in args.chosen_log2_lrs else base + (sorted(added) if args.extend_grid else [])
+    planned = sum(len(lrs) for lrs in grids.values()) * args.seeds + len(grids) * args.final_seeds
     state = {"new": 0, "seconds": 0.0}
 
-    def run_one(key, depth, lr, seed):
-        ident = (key, depth, _lr_key(lr), seed)
+    def run_one(key, depth, lr, seed, phase=SELECT):
+        ident = _ident(key, depth, lr, seed, phase)
         if ident in done:
             return
         import keras
 
         keras.backend.clear_session()
         start = time.time()
-        result = training.train(_config(args, key, depth, lr, seed))
+        config = _config(args, key, depth, lr, seed, phase)
+        result = training.train(config)
         state["new"] += 1
         state["seconds"] += time.time() - start
         results = {k: v for k, v in result.items() if k != "chief"}
         # Paths relative to --out: no machine's directories in committed results.
         results["config"] = {**results["config"], "model_dir": os.path.relpath(results["config"]["model_dir"], args.out)}
         run = {"method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
-               "status": result["status"], "test_top1": result["test_top1"],
-               "train_cross_entropy": result["train_cross_entropy"], "wall_time_s": result["wall_time_s"],
-               "machine": machine, "results": results}
+               "phase": phase, "status": result["status"], "test_top1": result["test_top1"],
+               "eval_split": result.get("eval_split", "test"), "train_cross_entropy": result["train_cross_entropy"],
+               "curve": _curve(config.model_dir), "wall_time_s": result["wall_time_s"], "machine": machine,
+               "results": results}
         _append_run(log_path, run)
         done[ident] = run
         left = max(planned - len(done), 0)
         eta = state["seconds"] / state["new"] * left
         acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
-        print(f"[{len(done)}/{planned}] {key} depth {depth} lr {lr_label(lr)} seed {seed}: {run['status']}, "
-              f"test {acc}, {run['wall_time_s']:.0f} s; about {eta / 60:.0f} min left", flush=True)
+        print(f"[{len(done)}/{planned}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
+              f"{' (final)' if phase == FINAL else ''}: {run['status']}, {run['eval_split']} {acc}, "
+              f"{run['wall_time_s']:.0f} s; about {eta / 60:.0f} min left", flush=True)
 
     for depth in args.depths:
         for key in args.methods:
+            if key in args.chosen_log2_lrs:  # no selection: the final runs at the given rate
+                for seed in range(args.final_seeds):
+                    run_one(key, depth, 2.0 ** args.chosen_log2_lrs[key], seed, FINAL)
+                continue
             lrs = grids[(key, depth)]
             while True:
                 for lr in lrs:
@@ -321,14 +373,30 @@ def run_sweep(args):
                         run_one(key, depth, lr, seed)
                 if not args.extend_grid:
                     break
-                cell = [r for r in done.values() if r["method"] == key and r["depth"] == depth]
-                best, rows = summarize(cell, args.best_k, args.chance)
+                best, rows = summarize(_selection(done.values(), key, depth), args.best_k, args.chance)
                 step = next_log2_lr(best, rows)
                 if step is None:
                     break
                 lrs = [2.0**step]
                 planned += args.seeds
+            if args.final_seeds:
+                best, _ = summarize(_selection(done.values(), key, depth), args.best_k, args.chance)
+                for seed in range(args.final_seeds) if best else ():
+                    run_one(key, depth, best["lr"], seed, FINAL)
     return list(done.values())
+
+
+def base_lrs(args, key):
+    """A cell's first grid: --lrs, or the octaves either side of the method's
+    --centre_log2_lrs entry."""
+    if key in args.centre_log2_lrs:
+        centre = args.centre_log2_lrs[key]
+        return [2.0**k for k in (centre - 1, centre, centre + 1)]
+    return list(args.lrs)
+
+
+def _selection(runs, key, depth):
+    return [r for r in runs if r["method"] == key and r["depth"] == depth and r.get("phase", SELECT) == SELECT]
 
 
 def _strict(value):
@@ -340,9 +408,49 @@ def _strict(value):
 # --- reporting ---------------------------------------------------------------------------
 
 
+def converged_table(runs, args):
+    """Converged Table 1: per cell, the learning rate chosen on the
+    validation split and the test accuracy of the final runs at it (mean ±
+    std over all seeds), beside the paper's CIFAR-10 figure."""
+    lines = ["| method | depth | lr chosen (validation acc. % per lr, best k of n) | test acc. % (final runs) "
+             "| paper, CIFAR-10 WRN-n-2 |", "|---|---|---|---|---|"]
+    details = {}
+    for key in args.methods:
+        for depth in args.depths:
+            selection = _selection(runs, key, depth)
+            final = [r for r in runs if r["method"] == key and r["depth"] == depth and r.get("phase") == FINAL]
+            if not selection and not final:
+                continue
+            best, rows = summarize(selection, args.best_k, args.chance) if selection else (None, [])
+            tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}")
+                              for r in rows)
+            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in final]
+            trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in final)
+            test = (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(final)} trained)"
+                    if final else NOT_RUN)
+            paper = PAPER_TABLE1.get((key, depth))
+            if not selection:
+                chosen = f"{lr_label(final[0]['lr'])} (given, --chosen_log2_lrs)"
+            else:
+                chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
+            lines.append(f"| {METHODS[key][0]} | {depth} | {chosen} | {test} | "
+                         f"{'—' if paper is None else f'{paper:.1f}'} |")
+            details[f"{key}/depth{depth}"] = {"validation_top1": rows, "lr": final[0]["lr"] if final else best and best["lr"],
+                                              "test_top1": [r["test_top1"] for r in final],
+                                              "mean": float(np.mean(accs)) if final else None,
+                                              "std": float(np.std(accs)) if final else None, "paper": paper}
+    return "\n".join(lines), details
+
+
 def report(runs, args):
     runs = [r for r in runs if r["method"] in args.methods and r["depth"] in args.depths]
-    if args.protocol == "table1":
+    if args.protocol == "converged":
+        table, details = converged_table(runs, args)
+        text = (f"WRN-n-{args.width}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
+                f"training images held out (best {args.best_k} of {args.seeds} per lr), then {args.final_seeds} "
+                f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
+        _plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
+    elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details = table1_tables(runs, args)
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
@@ -352,6 +460,8 @@ def report(runs, args):
         table, details = depth_table(runs, args)
         text = f"Test accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
         _plot_depth(details, args)
+        if args.epochs > 1:
+            _plot_curves(runs, args, runs[0].get("eval_split", "test") if runs else "test")
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     seconds = sum(r["wall_time_s"] or 0 for r in runs)
@@ -412,6 +522,41 @@ def _plot_table1(details, args):
     plt.close(fig)
 
 
+def _plot_curves(runs, args, split):
+    """curves.png: evaluation accuracy after each epoch, per method and depth,
+    mean over seeds with a band of ± one std."""
+    cells = {}
+    for run in runs:
+        if run.get("curve"):
+            cells.setdefault((run["method"], run["depth"]), []).append(run["curve"])
+    if not cells:
+        return
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(args.depths), figsize=(6 * len(args.depths), 4.2), squeeze=False)
+    for ax, depth in zip(axes[0], args.depths):
+        for i, key in enumerate(args.methods):
+            curves = cells.get((key, depth))
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)  # a run still in progress has fewer epochs
+            values = 100 * np.array([c[:n] for c in curves])
+            epochs = np.arange(1, n + 1)
+            mean, std = values.mean(0), values.std(0)
+            ax.plot(epochs, mean, color=f"C{i}", label=f"{METHODS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+            ax.fill_between(epochs, mean - std, mean + std, color=f"C{i}", alpha=0.2)
+        ax.set_title(f"WRN-{depth}-{args.width}, {args.dataset}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(f"{split} accuracy %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        low = [100 * min(c) for (k, d), cs in cells.items() if d == depth for c in cs]
+        if low:
+            ax.set_ylim(max(min(low) - 2, 100 * args.chance_level - 2), 100)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "curves.png"), dpi=110)
+    plt.close(fig)
+
+
 def _plot_depth(details, args):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -454,7 +599,8 @@ def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
-    parser.add_argument("--protocol", choices=("table1", "depth"), default="table1")
+    parser.add_argument("--protocol", choices=("table1", "depth", "converged"), default="table1",
+                        help="converged: choose each cell's lr on --validation_examples, then --final_seeds runs")
     parser.add_argument("--depths", type=_ints, default=[16, 100])
     parser.add_argument("--width", type=int, default=1)
     parser.add_argument("--methods", default="batchnorm,skipinit_one,skipinit_inv_sqrt_d,skipinit,sqrt2,none")
@@ -472,6 +618,17 @@ def parse_args(argv=None):
     parser.add_argument("--steps_per_epoch", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--train_examples", type=int, default=None)
+    parser.add_argument("--validation_examples", type=int, default=None,
+                        help="runs that choose the lr evaluate on the last N training images, not the test set")
+    parser.add_argument("--final_seeds", type=int, default=0,
+                        help="then train this many seeds at each cell's best lr on all training images (test set)")
+    parser.add_argument("--centre_log2_lrs", default="",
+                        help="per-method grid centre, e.g. batchnorm=-3,skipinit=-5: that method tries 2^(c-1..c+1)")
+    parser.add_argument("--chosen_log2_lrs", default="",
+                        help="converged protocol: method=k,... skips that method's selection and runs its final seeds at 2^k")
+    parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16"), default="none")
+    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
     parser.add_argument("--dataset", default="mnist_embedded")
     parser.add_argument("--data_dir", default=None)
@@ -492,11 +649,19 @@ def parse_args(argv=None):
     if args.lrs is None:
         args.lrs = [2.0**k for k in (args.log2_lrs or [-4, -3, -2])]
     args.methods = args.methods.split(",")
-    unknown = [m for m in args.methods if m not in METHODS]
+    for name in ("centre_log2_lrs", "chosen_log2_lrs"):
+        text = getattr(args, name)
+        try:
+            setattr(args, name, {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)})
+        except ValueError:
+            parser.error(f"--{name}: expected method=integer,..., got {text!r}")
+    unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHODS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
     if not 1 <= args.best_k <= args.seeds:
         parser.error("--best_k must be between 1 and --seeds")
+    if args.protocol == "converged" and not (args.validation_examples and args.final_seeds):
+        parser.error("--protocol=converged needs --validation_examples and --final_seeds")
     if args.extend_grid and any(abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
         parser.error("--extend_grid needs a log2 grid (--log2_lrs)")
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))

@@ -177,3 +177,61 @@ def test_report_only_without_runs_is_a_one_line_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "no runs in" in line and "empty" in line
+
+
+def test_converged_protocol_chooses_the_lr_on_validation_then_trains_final_seeds_on_all_data(tmp_path, monkeypatch):
+    """Learning rates are chosen on the held-out split; the final runs train on
+    the full training set at the chosen rate and are the only ones reported
+    as test accuracy (with their per-epoch curves)."""
+    configs = []
+
+    def train(config):
+        configs.append(config)
+        acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) + 4) + 0.01 * config.seed
+        os.makedirs(config.model_dir, exist_ok=True)
+        with open(os.path.join(config.model_dir, "history.csv"), "w") as f:
+            f.write("epoch,lr,val_top1\n" + "".join(f"{e},0.1,{acc * e / config.epochs}\n" for e in (1, 2, 3)))
+        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 0.3, "wall_time_s": 1.0,
+                "chief": True, "eval_split": "validation" if config.validation_examples else "test",
+                "config": dataclasses.asdict(config)}
+
+    monkeypatch.setattr(training, "train", train)
+    args = ["--protocol=converged", "--depths=16", "--methods=batchnorm,skipinit", "--centre_log2_lrs=batchnorm=-2",
+            "--log2_lrs=-5,-4,-3", "--seeds=1", "--best_k=1", "--extend_grid", "--epochs=3", "--validation_examples=500",
+            "--final_seeds=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    sweep.main(args)
+    select = [(c.normalization, round(math.log2(c.learning_rate))) for c in configs if c.validation_examples == 500]
+    final = [(c.normalization, round(math.log2(c.learning_rate)), c.seed) for c in configs if c.validation_examples is None]
+    # batchnorm starts at 2^-3..2^-1, peaks on the lower edge: extended to 2^-4, then 2^-5 (interior)
+    assert select == [("batchnorm", -3), ("batchnorm", -2), ("batchnorm", -1), ("batchnorm", -4), ("batchnorm", -5),
+                      ("skipinit", -5), ("skipinit", -4), ("skipinit", -3)]
+    assert final == [("batchnorm", -4, 0), ("batchnorm", -4, 1), ("skipinit", -4, 0), ("skipinit", -4, 1)]
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in runs].count("final") == 4 and runs[0]["eval_split"] == "validation"
+    assert runs[-1]["curve"] == pytest.approx([0.91 / 3, 0.91 * 2 / 3, 0.91])  # skipinit, final, seed 1
+    table = (tmp_path / "table.md").read_text()
+    # final: seeds 0 and 1 at 2^-4 -> 90.0 and 91.0; the paper's CIFAR-10 WRN-16-2 beside
+    assert "| Batch Normalization | 16 | 2^-4 (interior); 2^-5: 80.0, 2^-4: 90.0, 2^-3: 80.0, 2^-2: 70.0, 2^-1: 60.0 | " \
+           "90.5 ± 0.5 (2/2 trained) | 93.5 |" in table
+    assert (tmp_path / "curves.png").stat().st_size > 5000
+    configs.clear()
+    sweep.main(args)  # resumed: nothing runs again
+    assert configs == []
+
+
+def test_converged_protocol_needs_a_validation_split_and_final_seeds(tmp_path):
+    with pytest.raises(SystemExit):
+        sweep.main(["--protocol=converged", "--final_seeds=3", f"--out={tmp_path}"])
+
+
+def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    sweep.main(["--protocol=converged", "--depths=100", "--methods=batchnorm,skipinit", "--chosen_log2_lrs=batchnorm=-2,skipinit=-4",
+                "--validation_examples=500", "--final_seeds=2", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
+    assert [(n, round(math.log2(lr)), seed) for n, lr, seed, _ in calls] == [
+        ("batchnorm", -2, 0), ("batchnorm", -2, 1), ("skipinit", -4, 0), ("skipinit", -4, 1)]
+    table = (tmp_path / "table.md").read_text()
+    assert "| SkipInit (alpha = 0) | 100 | 2^-4 (given, --chosen_log2_lrs) | 60.1 ± 0.1 (2/2 trained) | 94.2 |" in table
+    cell = json.loads((tmp_path / "summary.json").read_text())["cells"]["skipinit/depth100"]
+    assert cell["mean"] == pytest.approx(0.6005) and cell["std"] == pytest.approx(0.0005) and cell["lr"] == 2.0**-4
