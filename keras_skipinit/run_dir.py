@@ -99,6 +99,20 @@ def lock(model_dir):
         os.close(fd)  # releases the flock
 
 
+def history_column(model_dir, column):
+    """One column of a run's history.csv, a float per epoch ([] if the run
+    has no history or no such column)."""
+    path = os.path.join(model_dir, HISTORY)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().strip().splitlines()
+    header = lines[0].split(",")
+    if column not in header:
+        return []
+    return [float(line.split(",")[header.index(column)]) for line in lines[1:]]
+
+
 # --- the model a run trains -------------------------------------------------------
 
 

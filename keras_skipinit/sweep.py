@@ -254,17 +254,6 @@ def _config(args, key, depth, lr, seed, phase=SELECT):
     )
 
 
-def _curve(model_dir):
-    """Per epoch, the evaluation accuracy (history.csv's val_top1)."""
-    path = os.path.join(model_dir, "history.csv")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        lines = f.read().strip().splitlines()
-    column = lines[0].split(",").index("val_top1") if "val_top1" in lines[0].split(",") else None
-    return None if column is None else [float(line.split(",")[column]) for line in lines[1:]]
-
-
 def _ident(key, depth, lr, seed, phase=SELECT):
     return key, depth, _lr_key(lr), seed, phase
 
@@ -313,7 +302,7 @@ def _append_run(path, run):
 
 
 def run_sweep(args):
-    from keras_skipinit import training
+    from keras_skipinit import run_dir, training
 
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "runs.jsonl")
@@ -349,8 +338,8 @@ def run_sweep(args):
         run = {"method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
                "phase": phase, "status": result["status"], "test_top1": result["test_top1"],
                "eval_split": result.get("eval_split", "test"), "train_cross_entropy": result["train_cross_entropy"],
-               "curve": _curve(config.model_dir), "wall_time_s": result["wall_time_s"], "machine": machine,
-               "results": results}
+               "curve": run_dir.history_column(config.model_dir, "val_top1"), "wall_time_s": result["wall_time_s"],
+               "machine": machine, "results": results}
         _append_run(log_path, run)
         done[ident] = run
         left = max(planned - len(done), 0)
@@ -458,10 +447,11 @@ def report(runs, args):
         _plot_table1(details, args)
     else:
         table, details = depth_table(runs, args)
-        text = f"Test accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
+        split = "validation" if args.validation_examples else "test"
+        text = f"{split.capitalize()} accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
         _plot_depth(details, args)
         if args.epochs > 1:
-            _plot_curves(runs, args, runs[0].get("eval_split", "test") if runs else "test")
+            _plot_curves(runs, args, split)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     seconds = sum(r["wall_time_s"] or 0 for r in runs)
@@ -545,6 +535,7 @@ def _plot_curves(runs, args, split):
             ax.plot(epochs, mean, color=f"C{i}", label=f"{METHODS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
             ax.fill_between(epochs, mean - std, mean + std, color=f"C{i}", alpha=0.2)
         ax.set_title(f"WRN-{depth}-{args.width}, {args.dataset}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("epoch")
         ax.set_ylabel(f"{split} accuracy %")
         ax.grid(alpha=0.3)
@@ -575,7 +566,7 @@ def _plot_depth(details, args):
     ax.minorticks_off()
     ax.set_xticks(args.depths, [str(d) for d in args.depths])
     ax.set_xlabel("depth (WRN-n-1 layers)")
-    ax.set_ylabel(f"test accuracy % after {args.epochs} epoch(s)")
+    ax.set_ylabel(f"{'validation' if args.validation_examples else 'test'} accuracy % after {args.epochs} epoch(s)")
     ax.set_title(f"{args.dataset}: lr {', '.join(lr_label(lr) for lr in args.lrs)}, {args.seeds} seeds (dots: runs)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -511,7 +511,7 @@ def _train(config, strategy, out_dir, start):
     else:  # every epoch was trained before this process (e.g. killed before results.json)
         with strategy.scope():
             metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
-    train_ce = _last_history_value(history_path, "cross_entropy") if not diverged else None
+    train_ce = (run_dir.history_column(out_dir, "cross_entropy") or [None])[-1] if not diverged else None
     results = {
         "status": "diverged" if diverged else "completed",
         "diverged_at": diverged,
@@ -620,10 +620,3 @@ def _truncate_history(path, epoch):
             f.write("\n".join(kept) + "\n")
 
 
-def _last_history_value(path, column):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        lines = f.read().strip().splitlines()
-    header, last = lines[0].split(","), lines[-1].split(",")
-    return float(last[header.index(column)]) if column in header else None
