@@ -111,8 +111,8 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if splits and ("train" not in splits or test_split not in splits):
         raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
     builder = tfds_prepare.prepare(builder, manual_dir)
-    available = builder.info.splits["train"].num_examples
-    _check_subset(name, train_examples, held_out, available)
+    if train_examples is not None or held_out:  # (mock_data builders have no split sizes)
+        _check_subset(name, train_examples, held_out, builder.info.splits["train"].num_examples)
     end = train_examples if train_examples is not None else (-held_out if held_out else None)
     train_split = "train" if end is None else f"train[:{end}]"
     if held_out:
