@@ -176,7 +176,8 @@ def test_a_model_dir_is_held_by_one_process_at_a_time(tmp_path):
     """A second train.py on a model_dir in use refuses at once, naming the
     holder; a killed holder leaves no stale lock."""
     model_dir = tmp_path / "run"
-    flags = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=400", "--verbose=0", f"--model_dir={model_dir}"]
+    # ~45 s of steps: still in its first epoch when the second run is refused and it is killed
+    flags = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=3000", "--verbose=0", f"--model_dir={model_dir}"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     first = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
