@@ -12,7 +12,7 @@ _startup.quiet_start()  # before Keras loads TensorFlow: none of its C++ start-u
 
 import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)
 
-from keras_skipinit.sweep import cpu_name  # noqa: E402
+from keras_skipinit.machine import cpu_has_native_bfloat16, cpu_name  # noqa: E402
 
 BACKEND = keras.backend.backend()
 if BACKEND == "tensorflow":  # the benchmarks build many models on purpose: no tf.function retracing warnings
@@ -37,8 +37,9 @@ def accelerators():
 
 
 def machine():
-    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "gpus": accelerators(), "backend": BACKEND,
-            "keras": keras.__version__, "python": platform.python_version()}
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "cpu_bfloat16": cpu_has_native_bfloat16(),
+            "gpus": accelerators(), "backend": BACKEND, "keras": keras.__version__,
+            "python": platform.python_version()}
     if BACKEND == "jax":
         import jax
 

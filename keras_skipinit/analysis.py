@@ -255,9 +255,10 @@ def main(argv=None):
     from keras_skipinit import applications, normalization as norm_lib
 
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.analysis", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="wrn", choices=["wrn", "resnet_v1", "resnet_v2"])
+    parser.add_argument("--model", default="wrn", choices=applications.MODELS)
     parser.add_argument("--toy", choices=TOYS, help="analyse a toy network of App. B/C instead of --model")
-    parser.add_argument("--depth", type=int, default=100, help="WRN depth (6k+4), ResNet depth, or toy blocks")
+    parser.add_argument("--depth", type=int, default=100,
+                        help="WRN depth (6k+4), ResNet depth, CIFAR ResNet depth (6n+2), or toy blocks")
     parser.add_argument("--width", type=int, default=1, help="WRN width, or toy width (default 1000 for toys)")
     parser.add_argument("--normalizations", default="batchnorm,skipinit,fixup,none")
     parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
@@ -283,10 +284,8 @@ def main(argv=None):
                 parser.error(f"--normalizations: {name!r} is not one of {norm_lib.NORMALIZATIONS}")
             kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
             try:
-                if args.model == "wrn":
-                    model = applications.WideResNet(args.depth, args.width, **kwargs)
-                else:
-                    model = applications.ResNet(args.depth, 1 if args.model == "resnet_v1" else 2, **kwargs)
+                model = applications.build(args.model, args.depth, args.width if args.model == "wrn" else None,
+                                           **kwargs)
             except ValueError as e:
                 parser.error(str(e))
             results[name] = block_statistics(model, x)

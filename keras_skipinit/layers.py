@@ -9,6 +9,8 @@
 - `fixup_kernel_initializer`: He init scaled by L^(-1/(2m-2)) (Fixup rule 2).
 - `ScaledWSConv2D`: scaled weight-standardized conv of NF-ResNets (Brock et
   al. 2021a; the NF-ResNet blog seed).
+- `ZeroPadShortcut`: the parameter-free "option A" shortcut of the CIFAR
+  ResNets (He et al. 2016, §4.1-4.2).
 """
 
 import math
@@ -87,12 +89,13 @@ class FixupBias(_ScalarParameter):
         return inputs + ops.cast(self.value, inputs.dtype)
 
 
-def fixup_kernel_initializer(num_branches, branch_layers, seed=None):
+def fixup_kernel_initializer(num_branches, branch_layers, seed=None, mode="fan_in"):
     """He-normal initializer scaled by ``L^(-1/(2m-2))`` (Fixup rule 2, §3).
 
     L is the number of residual branches, m the number of weight layers in a
-    branch. The result is a plain `VarianceScaling` (fan-in, untruncated
-    normal), so the standard deviation is ``sqrt(2/fan_in) * L^(-1/(2m-2))``.
+    branch. The result is a plain `VarianceScaling` (untruncated normal), so
+    the standard deviation is ``sqrt(2/fan) * L^(-1/(2m-2))``, fan = fan-in
+    (default) or fan-out (`mode="fan_out"`, the authors' CIFAR code).
     """
     if not _is_int(num_branches) or num_branches < 1:
         raise ValueError(f"num_branches must be a positive int, got {num_branches!r}.")
@@ -103,7 +106,7 @@ def fixup_kernel_initializer(num_branches, branch_layers, seed=None):
     multiplier = int(num_branches) ** (-1.0 / (2 * int(branch_layers) - 2))
     return keras.initializers.VarianceScaling(
         scale=2.0 * multiplier**2,
-        mode="fan_in",
+        mode=mode,
         distribution="untruncated_normal",
         seed=seed,
     )
@@ -267,3 +270,40 @@ class ScaledWSConv2D(keras.layers.Conv2D):
 
     def get_config(self):
         return {**super().get_config(), "eps": self.eps}
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class ZeroPadShortcut(keras.layers.Layer):
+    """Option A shortcut (He et al. 2016, §4.1-4.2): the identity, subsampled
+    by `strides` and with zero channels appended up to `filters`; no
+    parameters. The Fixup authors' CIFAR ResNet appends the zeros after the
+    input's channels (`torch.cat((x, zeros), 1)`), as here.
+    """
+
+    def __init__(self, filters, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        if not _is_int(filters) or filters < 1 or not _is_int(strides) or strides < 1:
+            raise ValueError(f"filters and strides must be positive ints, got {filters!r}, {strides!r}.")
+        self.filters, self.strides = int(filters), int(strides)
+
+    def build(self, input_shape):
+        if input_shape[-1] is None or input_shape[-1] > self.filters:
+            raise ValueError(
+                f"ZeroPadShortcut pads {input_shape[-1]} channels up to filters={self.filters}: "
+                "the input may not have more channels than that."
+            )
+
+    def call(self, inputs):
+        s = self.strides
+        x = inputs[:, ::s, ::s, :] if s > 1 else inputs
+        extra = self.filters - inputs.shape[-1]
+        return ops.pad(x, [[0, 0], [0, 0], [0, 0], [0, extra]]) if extra else x
+
+    def compute_output_shape(self, input_shape):
+        def sub(d):
+            return None if d is None else -(-d // self.strides)
+
+        return (input_shape[0], sub(input_shape[1]), sub(input_shape[2]), self.filters)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "strides": self.strides}

@@ -36,6 +36,13 @@ NORMALIZATIONS = (
     "nf",
 )
 ALPHA_INIT_NAMES = {"zero": 0.0, "one": 1.0, "inv_sqrt_depth": None}
+# Conv kernel initializations: VarianceScaling (scale, mode (None: the
+# caller's fan mode), distribution). He et al. 2015 as Keras' HeNormal;
+# PyTorch's default kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(fan_in)).
+CONV_INITS = {
+    "he_normal": (2.0, None, "truncated_normal"),
+    "pytorch_default": (1.0 / 3.0, "fan_in", "uniform"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +121,10 @@ def resolve(
     if nf_beta is not None and normalization != "nf":
         raise ValueError(f"nf_beta applies only to normalization='nf', got normalization={normalization!r}.")
     if normalization == "nf" and v1:
-        raise ValueError("normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, not ResNet-V1.")
+        raise ValueError(
+            "normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, "
+            "not a post-activation (V1) ResNet such as ResNet-V1 or CifarResNet."
+        )
     if not isinstance(loop_blocks, bool) or not isinstance(remat, bool):
         raise ValueError(f"loop_blocks and remat must be True or False, got {loop_blocks!r}, {remat!r}.")
     if remat and not loop_blocks:
@@ -258,21 +268,36 @@ class BlockOps:
             x = self.norm(x, norm_name)
         return self.act(x, act_name)
 
-    def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain"):
+    def scalar_bias(self, x, name):
+        """Fixup's scalar bias (rule 3) under Fixup; the identity otherwise."""
+        return ksl.FixupBias(name=name)(x) if self.recipe.fixup else x
+
+    def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain",
+             fan_mode="fan_in", init="he_normal", input_bias=True):
         """Conv2D with the paper's fixed padding for strided convs (App. G).
 
         ``bias`` is the architecture's default (keras.applications parity);
         the recipe overrides it. ``role`` is 'branch' for a branch conv that is
         not the last, 'last' for the last conv of a branch, 'plain' otherwise:
         Fixup scales 'branch' kernels by L^(-1/(2m-2)) and zero-inits 'last'
-        (rules 1-2) and puts a scalar bias before every conv (rule 3).
+        (rules 1-2) and puts a scalar bias before every conv (rule 3) unless
+        ``input_bias=False`` (the input already carries one, `scalar_bias`).
+        Kernels are He-normal by ``fan_mode`` ('fan_in', Keras' HeNormal, or
+        'fan_out', PyTorch ResNets'), or PyTorch's default conv init
+        U(+-1/sqrt(fan_in)) with ``init='pytorch_default'``.
         """
         r = self.recipe
-        if r.fixup:
-            x = ksl.FixupBias(name=name + "_bias")(x)
-        initializer = keras.initializers.HeNormal(seed=self._init_seed())
+        if input_bias:
+            x = self.scalar_bias(x, name + "_bias")
+        if init not in CONV_INITS:
+            raise ValueError(f"init must be one of {tuple(CONV_INITS)}, got {init!r}.")
+        scale, mode, distribution = CONV_INITS[init]
+        initializer = keras.initializers.VarianceScaling(
+            scale, mode=mode or fan_mode, distribution=distribution, seed=self._init_seed()
+        )
         if r.fixup and role == "branch":
-            initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed())
+            initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed(),
+                                                       mode=fan_mode)
         elif r.fixup and role == "last":
             initializer = "zeros"
         conv = keras.layers.Conv2D

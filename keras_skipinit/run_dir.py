@@ -37,7 +37,7 @@ CHECKPOINTS = "checkpoint"
 LOCK = ".lock"
 KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
 PREPROCESSINGS = ("standardize", "imagenet")
-_BUILDERS = {"wrn": "WideResNet", "resnet_v1": "ResNet", "resnet_v2": "ResNet"}
+MODELS = applications.MODELS  # model_spec.json "model" values
 
 
 def _one_line(error):
@@ -118,18 +118,12 @@ def history_column(model_dir, column):
 
 def build_model(model_args):
     """Builds the model that `model_args` (from `model_spec.json`) describes:
-    {"model": "wrn" | "resnet_v1" | "resnet_v2", "depth", "width" (WRN),
-    and keyword arguments of the `applications` constructor}."""
+    {"model": one of `MODELS`, "depth", "width" (WRN), and keyword
+    arguments of the `applications` constructor}."""
     args = dict(model_args)
-    kind = args.pop("model")
-    if kind not in _BUILDERS:
-        raise ValueError(f"model must be one of {tuple(_BUILDERS)}, got {kind!r}")
-    depth = args.pop("depth")
     if "input_shape" in args:
         args["input_shape"] = tuple(args["input_shape"])
-    if kind == "wrn":
-        return applications.WideResNet(depth, args.pop("width"), **args)
-    return applications.ResNet(depth, 1 if kind == "resnet_v1" else 2, **args)
+    return applications.build(args.pop("model"), args.pop("depth"), **args)
 
 
 def read_spec(model_dir):

@@ -16,6 +16,7 @@ Two protocols, one runner; a preset fills in the paper's settings:
   the test accuracy over all seeds and how many runs trained (beat chance).
 
     python -m keras_skipinit.sweep --preset=fixup_fig3 --out=docs/fixup_fig3
+    python -m keras_skipinit.sweep --preset=fixup_fig3_cifar_resnet --out=docs/fixup_fig3/cifar_resnet
     python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
 
 Every run's results.json is one line of ``runs.jsonl`` under --out, and
@@ -27,11 +28,13 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 
 import numpy as np
+
+from keras_skipinit import machine as machine_lib
+from keras_skipinit.applications import MODELS
 
 # label, training.Config overrides
 METHODS = {
@@ -66,20 +69,33 @@ PRESETS = {
         lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
         train_examples=32000, dataset="fashion_mnist", bn_momentum=0.9,
     ),
+    # Fig. 3 with one epoch of all 60,000 images (468 updates, near CIFAR-10's 390), on both architectures:
+    # the Fixup authors' CIFAR ResNet and WRN-n-1. Budget: docs/fixup_fig3/README.md.
+    "fixup_fig3_cifar_resnet": dict(
+        protocol="depth", model="cifar_resnet", depths="20,56,110", methods="batchnorm,fixup,skipinit,sqrt2",
+        lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
+        dataset="fashion_mnist", bn_momentum=0.9,
+    ),
+    "fixup_fig3_wrn_full_epoch": dict(
+        protocol="depth", depths="16,52,100", width=1, methods="batchnorm,fixup,skipinit,sqrt2",
+        lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
+        dataset="fashion_mnist", bn_momentum=0.9,
+    ),
     # Converged Table 1, protocol and budget: docs/skipinit_table1_converged/README.md.
     # Step 1, E: BatchNorm's validation curve at a constant learning rate.
     "table1_converged_epochs": dict(
         protocol="depth", depths="16", width=1, methods="batchnorm", log2_lrs="-2", seeds=1, best_k=1,
         extend_grid=False, epochs=20, schedule="constant", batch_size=128, dataset="fashion_mnist", bn_momentum=0.9,
-        validation_examples=5000, mixed_precision="bfloat16",
+        validation_examples=5000, mixed_precision="auto",
     ),
     # Step 2: WRN-16-1, six methods; rate chosen on the validation split, then 3 seeds on all training images.
+    # The papers' headline methods first: if the budget runs out, the cells cut are the last ones.
     "table1_converged": dict(
         protocol="converged", depths="16", width=1,
-        methods="batchnorm,skipinit,regularized_skipinit,fixup,nf,sqrt2",
+        methods="batchnorm,skipinit,fixup,regularized_skipinit,sqrt2,nf",
         centre_log2_lrs="batchnorm=-2,skipinit=-4,regularized_skipinit=-4,fixup=-3,nf=-2,sqrt2=-6",
         seeds=1, best_k=1, extend_grid=True, final_seeds=3, epochs=12, schedule="cifar", batch_size=128,
-        dataset="fashion_mnist", bn_momentum=0.9, validation_examples=5000, mixed_precision="bfloat16",
+        dataset="fashion_mnist", bn_momentum=0.9, validation_examples=5000, mixed_precision="auto",
     ),
 }
 NOT_RUN = "not run"
@@ -221,19 +237,6 @@ def depth_table(runs, args):
 # --- running -------------------------------------------------------------------------
 
 
-def cpu_name():
-    """The CPU model as /proc/cpuinfo names it (also used by benchmarks/)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
-def _machine():
-    return f"{cpu_name()}, {os.cpu_count()} cores"
-
-
 def _config(args, key, depth, lr, seed, phase=SELECT):
     """A run's training.Config. Runs that choose the learning rate evaluate on
     --validation_examples held out of the training set; final runs train on
@@ -244,14 +247,24 @@ def _config(args, key, depth, lr, seed, phase=SELECT):
     if overrides["normalization"] in ("batchnorm", "ghost_batchnorm") and args.bn_momentum is not None:
         overrides["bn_momentum"] = args.bn_momentum
     return training.Config(
-        depth=depth, width=args.width, learning_rate=lr, epochs=args.epochs, schedule=args.schedule,
+        model=args.model, depth=depth, width=args.width, learning_rate=lr, epochs=args.epochs, schedule=args.schedule,
         batch_size=args.batch_size, steps_per_epoch=args.steps_per_epoch, dataset=args.dataset,
         data_dir=args.data_dir, train_examples=args.train_examples, seed=seed, verbose=0,
         validation_examples=args.validation_examples if phase == SELECT else None,
-        mixed_precision=args.mixed_precision, xla=args.xla, loop_blocks=args.loop_blocks,
+        mixed_precision=resolve_precision(args.mixed_precision), xla=args.xla, loop_blocks=args.loop_blocks,
         model_dir=os.path.join(args.runs_dir, f"{key}_d{depth}_lr{lr:.6g}_s{seed}" + ("_final" if phase == FINAL else "")),
         **overrides,
     )
+
+
+def resolve_precision(mixed_precision):
+    """--mixed_precision=auto: bfloat16 where this CPU has bfloat16
+    instructions (1.14-1.42x faster than float32 there), float32 elsewhere
+    (emulated bfloat16 ran at 0.17x); benchmarks/README.md. Each run records
+    the precision it used (results.json config)."""
+    if mixed_precision != "auto":
+        return mixed_precision
+    return "bfloat16" if machine_lib.cpu_has_native_bfloat16() else "none"
 
 
 def _ident(key, depth, lr, seed, phase=SELECT):
@@ -307,7 +320,11 @@ def run_sweep(args):
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "runs.jsonl")
     done = _load_runs(log_path, repair=True)
-    machine = _machine()
+    others = sorted({r.get("model", "wrn") for r in done.values()} - {args.model})
+    if others:
+        raise ValueError(f"{log_path} holds runs of --model={others[0]}, not --model={args.model}: "
+                         "give this sweep an --out of its own")
+    machine = machine_lib.describe()
     # Per cell: the base grid, then (extend_grid) the points an earlier run of
     # this sweep added, whose missing seeds run first on resume.
     grids = {}
@@ -335,7 +352,7 @@ def run_sweep(args):
         results = {k: v for k, v in result.items() if k != "chief"}
         # Paths relative to --out: no machine's directories in committed results.
         results["config"] = {**results["config"], "model_dir": os.path.relpath(results["config"]["model_dir"], args.out)}
-        run = {"method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
+        run = {"model": args.model, "method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
                "phase": phase, "status": result["status"], "test_top1": result["test_top1"],
                "eval_split": result.get("eval_split", "test"), "train_cross_entropy": result["train_cross_entropy"],
                "curve": run_dir.history_column(config.model_dir, "val_top1"), "wall_time_s": result["wall_time_s"],
@@ -402,7 +419,7 @@ def converged_table(runs, args):
     validation split and the test accuracy of the final runs at it (mean ±
     std over all seeds), beside the paper's CIFAR-10 figure."""
     lines = ["| method | depth | lr chosen (validation acc. % per lr, best k of n) | test acc. % (final runs) "
-             "| paper, CIFAR-10 WRN-n-2 |", "|---|---|---|---|---|"]
+             "| paper, CIFAR-10 WRN-n-2 | precision (selection; final) |", "|---|---|---|---|---|---|"]
     details = {}
     for key in args.methods:
         for depth in args.depths:
@@ -423,7 +440,8 @@ def converged_table(runs, args):
             else:
                 chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
             lines.append(f"| {METHODS[key][0]} | {depth} | {chosen} | {test} | "
-                         f"{'—' if paper is None else f'{paper:.1f}'} |")
+                         f"{'—' if paper is None else f'{paper:.1f}'} | "
+                         f"{_precisions(selection) or '—'}; {_precisions(final) or '—'} |")
             details[f"{key}/depth{depth}"] = {"validation_top1": rows, "lr": final[0]["lr"] if final else best and best["lr"],
                                               "test_top1": [r["test_top1"] for r in final],
                                               "mean": float(np.mean(accs)) if final else None,
@@ -431,11 +449,21 @@ def converged_table(runs, args):
     return "\n".join(lines), details
 
 
+def _precisions(runs):
+    """The precisions `runs` trained in, e.g. 'bfloat16 x2, float32 x1'."""
+    names = {"none": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+    counts = {}
+    for run in runs:
+        precision = run.get("results", {}).get("config", {}).get("mixed_precision", "none")
+        counts[names.get(precision, precision)] = counts.get(names.get(precision, precision), 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+
+
 def report(runs, args):
     runs = [r for r in runs if r["method"] in args.methods and r["depth"] in args.depths]
     if args.protocol == "converged":
         table, details = converged_table(runs, args)
-        text = (f"WRN-n-{args.width}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
+        text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
                 f"training images held out (best {args.best_k} of {args.seeds} per lr), then {args.final_seeds} "
                 f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
         _plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
@@ -462,6 +490,13 @@ def report(runs, args):
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(_strict(summary), f, indent=1)
     return text
+
+
+def arch(args, depth="n"):
+    """The architecture's name for tables and plots, e.g. WRN-16-1, ResNet-20."""
+    if args.model == "wrn":
+        return f"WRN-{depth}-{args.width}"
+    return f"ResNet-{depth}" + {"resnet_v1": " V1", "resnet_v2": " V2", "cifar_resnet": " (CIFAR)"}[args.model]
 
 
 def _settings(args):
@@ -496,7 +531,7 @@ def _plot_table1(details, args):
             ce = cell["train_cross_entropy"]
             ce_ax.plot([math.log2(r["lr"]) for r in ce], [r["mean"] if r["mean"] is not None else np.nan for r in ce],
                        "o-", color=color)
-        acc_ax.set_title(f"WRN-{depth}-{args.width} (x: failed)")
+        acc_ax.set_title(f"{arch(args, depth)} (x: failed)")
         ce_ax.set_xlabel("log2 learning rate")
         ce_ax.set_yscale("log")
         for ax in (acc_ax, ce_ax):
@@ -534,7 +569,7 @@ def _plot_curves(runs, args, split):
             mean, std = values.mean(0), values.std(0)
             ax.plot(epochs, mean, color=f"C{i}", label=f"{METHODS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
             ax.fill_between(epochs, mean - std, mean + std, color=f"C{i}", alpha=0.2)
-        ax.set_title(f"WRN-{depth}-{args.width}, {args.dataset}")
+        ax.set_title(f"{arch(args, depth)}, {args.dataset}")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("epoch")
         ax.set_ylabel(f"{split} accuracy %")
@@ -565,7 +600,7 @@ def _plot_depth(details, args):
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(args.depths, [str(d) for d in args.depths])
-    ax.set_xlabel("depth (WRN-n-1 layers)")
+    ax.set_xlabel(f"depth ({arch(args)} layers)")
     ax.set_ylabel(f"{'validation' if args.validation_examples else 'test'} accuracy % after {args.epochs} epoch(s)")
     ax.set_title(f"{args.dataset}: lr {', '.join(lr_label(lr) for lr in args.lrs)}, {args.seeds} seeds (dots: runs)")
     ax.grid(alpha=0.3)
@@ -592,8 +627,10 @@ def parse_args(argv=None):
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged"), default="table1",
                         help="converged: choose each cell's lr on --validation_examples, then --final_seeds runs")
+    parser.add_argument("--model", choices=MODELS, default="wrn",
+                        help="architecture (train.py's --model); one model per --out")
     parser.add_argument("--depths", type=_ints, default=[16, 100])
-    parser.add_argument("--width", type=int, default=1)
+    parser.add_argument("--width", type=int, default=1, help="WRN widening factor (WRN only)")
     parser.add_argument("--methods", default="batchnorm,skipinit_one,skipinit_inv_sqrt_d,skipinit,sqrt2,none")
     parser.add_argument("--log2_lrs", type=_ints, default=None, help="learning rates 2^k (e.g. -6,-4,-2)")
     parser.add_argument("--lrs", type=_floats, default=None, help="learning rates as values (e.g. 0.1)")
@@ -617,7 +654,8 @@ def parse_args(argv=None):
                         help="per-method grid centre, e.g. batchnorm=-3,skipinit=-5: that method tries 2^(c-1..c+1)")
     parser.add_argument("--chosen_log2_lrs", default="",
                         help="converged protocol: method=k,... skips that method's selection and runs its final seeds at 2^k")
-    parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16"), default="none")
+    parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16", "auto"), default="none",
+                        help="auto: bfloat16 on a CPU with bfloat16 instructions, else float32 (none)")
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")

@@ -30,8 +30,10 @@ Examples:
 """
 
 F = flags.FLAGS
-flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: Wide-ResNet or bottleneck ResNet V1/V2.")
-flags.DEFINE_integer("depth", _D.depth, "WRN depth (6k+4, e.g. 16, 100, 1000) or ResNet depth (50, 101, 152).")
+flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: Wide-ResNet, bottleneck ResNet V1/V2, or the CIFAR ResNet-6n+2 "
+                  "(He et al. 2016, option-A shortcuts).")
+flags.DEFINE_integer("depth", _D.depth, "WRN depth (6k+4, e.g. 16, 100, 1000), ResNet depth (50, 101, 152) or CIFAR ResNet depth "
+                     "(6n+2, e.g. 20, 56, 110, 1202).")
 flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
 flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
 flags.DEFINE_string(

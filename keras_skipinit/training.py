@@ -31,10 +31,10 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_skipinit import data as data_lib, lsuv, normalization as norm_lib, run_dir, schedules
+from keras_skipinit import data as data_lib, lsuv, machine, normalization as norm_lib, run_dir, schedules
 from keras_skipinit.optimizers import ScalarLRSGD
 
-MODELS = ("wrn", "resnet_v1", "resnet_v2")
+MODELS = run_dir.MODELS
 PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 
@@ -123,7 +123,7 @@ def validate(config):
         raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
     if c.nf_beta is not None and c.normalization != "nf":
         raise ValueError("nf_beta applies only to normalization=nf")
-    if c.normalization == "nf" and c.model == "resnet_v1":
+    if c.normalization == "nf" and c.model in ("resnet_v1", "cifar_resnet"):
         raise ValueError("normalization=nf needs pre-activation blocks: use --model=wrn or resnet_v2")
     if c.batch_size % c.accumulation_steps:
         raise ValueError(
@@ -238,10 +238,11 @@ def model_args(config, dataset):
         virtual_batch_size=config.ghost_batch_size,
         bn_momentum=config.bn_momentum,
         alpha_init=config.alpha_init,
-        nf_beta=config.nf_beta,
         dropout_rate=config.dropout,
         seed=config.seed,
     )
+    if config.nf_beta is not None:  # 'nf' models only (CifarResNet has no such argument)
+        args["nf_beta"] = config.nf_beta
     if config.loop_blocks or config.remat:  # absent from specs written before the looped form
         args.update(loop_blocks=config.loop_blocks, remat=config.remat)
     if config.model == "wrn":
@@ -451,9 +452,9 @@ def _train(config, strategy, out_dir, start):
     with strategy.scope():
         model = compiled_model(config, dataset, steps_per_epoch)
         _note_ghost_batches(model, micro_batch // replicas, chief)
-        warning = memory_warning(model, micro_batch // replicas)
-        if warning and chief:
-            print(warning, file=sys.stderr, flush=True)
+        for warning in (memory_warning(model, micro_batch // replicas), precision_warning(config.mixed_precision)):
+            if warning and chief:
+                print(warning, file=sys.stderr, flush=True)
         if multi_worker:
             enable_multi_worker_fit(model)
         write_model_spec(out_dir, config, dataset)
@@ -571,6 +572,16 @@ def memory_warning(model, per_replica_batch):
     return (f"Warning: a training step at batch {per_replica_batch} needs at least {need / 2**30:.1f} GiB for "
             f"activations, more than the {have / 2**30:.1f} GiB of memory available: it will likely be killed. "
             "Lower --batch_size, or raise --accumulation_steps (same updates, smaller micro-batches).")
+
+
+def precision_warning(mixed_precision):
+    """A warning when bfloat16 runs on a CPU without bfloat16 hardware:
+    emulated, it is several times slower than float32 (measured 0.17x for
+    WRN-16-1 on an AVX2-only CPU, benchmarks/README.md)."""
+    if mixed_precision != "bfloat16" or tf.config.list_logical_devices("GPU") or machine.cpu_has_native_bfloat16() is not False:
+        return None
+    return ("Warning: --mixed_precision=bfloat16 on a CPU without bfloat16 instructions (no AVX512_BF16/AMX in "
+            "/proc/cpuinfo): it is emulated and several times slower than float32 here; use --mixed_precision=none.")
 
 
 def _note_ghost_batches(model, per_replica_batch, chief):

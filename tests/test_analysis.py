@@ -108,8 +108,13 @@ def test_write_and_cli(tmp_path):
     analysis.main(["--depth=10", "--normalizations=batchnorm,skipinit", "--batch_size=8", f"--out={tmp_path}/wrn"])
     results = json.load(open(tmp_path / "wrn" / "spp.json"))
     assert set(results) == {"batchnorm", "skipinit"} and len(results["skipinit"]) == 3
+    analysis.main(["--model=cifar_resnet", "--depth=8", "--normalizations=fixup", "--batch_size=8",
+                   f"--out={tmp_path}/cifar"])
+    assert len(json.load(open(tmp_path / "cifar" / "spp.json"))["fixup"]) == 3
     with pytest.raises(SystemExit):
         analysis.main(["--normalizations=layernorm", f"--out={tmp_path}/bad"])
+    with pytest.raises(SystemExit):
+        analysis.main(["--model=cifar_resnet", "--depth=10", f"--out={tmp_path}/bad"])
 
 
 def test_models_without_blocks_are_rejected():

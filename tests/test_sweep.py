@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from keras_skipinit import sweep, training
+from keras_skipinit import machine, sweep, training
 
 
 def run(log2_lr, seed, acc, status="completed", ce=None):
@@ -125,6 +125,21 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
     assert (tmp_path / "sweep.png").stat().st_size > 5000
 
 
+def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
+    args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup", "--lrs=0.1", "--seeds=1", "--best_k=1",
+            "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    sweep.main(args)
+    line = json.loads((tmp_path / "runs.jsonl").read_text())
+    assert line["model"] == "cifar_resnet" and line["results"]["config"]["model"] == "cifar_resnet"
+    spec = json.load(open(tmp_path / "runs" / "fixup_d8_lr0.1_s0" / "model_spec.json"))["model"]
+    assert (spec["model"], spec["depth"], spec["normalization"]) == ("cifar_resnet", 8, "fixup")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        sweep.main([*args[1:], "--depths=10"])  # a WRN sweep into the CifarResNet sweep's --out
+    assert "holds runs of --model=cifar_resnet" in capsys.readouterr().err
+    assert sweep.arch(sweep.parse_args(["--preset=fixup_fig3_cifar_resnet"]), 56) == "ResNet-56 (CIFAR)"
+
+
 def test_cli_rejects_bad_settings(tmp_path):
     for bad in (["--methods=layernorm"], ["--seeds=2", "--best_k=3"], ["--lrs=0.1", "--extend_grid"]):
         with pytest.raises(SystemExit):
@@ -212,7 +227,7 @@ def test_converged_protocol_chooses_the_lr_on_validation_then_trains_final_seeds
     table = (tmp_path / "table.md").read_text()
     # final: seeds 0 and 1 at 2^-4 -> 90.0 and 91.0; the paper's CIFAR-10 WRN-16-2 beside
     assert "| Batch Normalization | 16 | 2^-4 (interior); 2^-5: 80.0, 2^-4: 90.0, 2^-3: 80.0, 2^-2: 70.0, 2^-1: 60.0 | " \
-           "90.5 ± 0.5 (2/2 trained) | 93.5 |" in table
+           "90.5 ± 0.5 (2/2 trained) | 93.5 | float32 x5; float32 x2 |" in table
     assert (tmp_path / "curves.png").stat().st_size > 5000
     configs.clear()
     sweep.main(args)  # resumed: nothing runs again
@@ -235,3 +250,20 @@ def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypa
     assert "| SkipInit (alpha = 0) | 100 | 2^-4 (given, --chosen_log2_lrs) | 60.1 ± 0.1 (2/2 trained) | 94.2 |" in table
     cell = json.loads((tmp_path / "summary.json").read_text())["cells"]["skipinit/depth100"]
     assert cell["mean"] == pytest.approx(0.6005) and cell["std"] == pytest.approx(0.0005) and cell["lr"] == 2.0**-4
+
+
+def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypatch):
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n")
+    bf16 = tmp_path / "bf16"
+    bf16.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n")
+    assert machine.cpu_has_native_bfloat16(str(avx2)) is False
+    assert machine.cpu_has_native_bfloat16(str(bf16)) is True
+    assert machine.cpu_has_native_bfloat16(str(tmp_path / "missing")) is None
+    for native, expected in ((False, "none"), (True, "bfloat16")):
+        monkeypatch.setattr(machine, "cpu_has_native_bfloat16", lambda native=native: native)
+        assert sweep.resolve_precision("auto") == expected
+        assert sweep.resolve_precision("none") == "none"
+        assert training.precision_warning("none") is None
+        warning = training.precision_warning("bfloat16")
+        assert (warning is None) == native and (native or "emulated" in warning)
