@@ -20,7 +20,7 @@ from keras_skipinit import applications as apps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_SUBSET = ["tests/test_layers.py", "tests/test_applications.py", "tests/test_lsuv.py", "tests/test_analysis.py",
-              "tests/test_nf.py", "tests/test_looped.py"]
+              "tests/test_nf.py", "tests/test_looped.py", "tests/test_cifar_resnet.py"]
 # The slowest builds and checks whose code paths the rest already run under JAX (CI time).
 JAX_DESELECT = ("not resnet50_matches_keras_applications and not 1000_layer and not deeper_resnets_use_the_same"
                 " and not kernels_are_scaled_orthonormal and not write_and_cli and not bottleneck_resnets_loop")
@@ -33,6 +33,11 @@ def require_jax():
         if REQUIRE_ALL:
             pytest.fail(message + " (KERAS_SKIPINIT_CI=1)")
         pytest.skip(message)
+
+
+def run_tensorflow(args, timeout=900):
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def run_jax(args, timeout=900):
@@ -124,6 +129,51 @@ def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path
                                        np.asarray(model(x, training=True)), rtol=1e-4, atol=1e-5, err_msg=name)
         back = keras.models.load_model(tmp_path / f"jax_{name}.keras")
         np.testing.assert_allclose(np.asarray(back(x, training=False)), want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+SGD_STEPS = r"""
+import sys, numpy as np, keras
+from keras_skipinit import training
+folder = sys.argv[1]
+data = type("Data", (), dict(input_shape=(16, 16, 3), num_classes=10))
+for name in sys.argv[2].split(","):
+    model = training.compiled_model(training.Config(depth=10, width=1, normalization=name, learning_rate=0.1,
+                                                    epochs=4, schedule="cifar"), data, 1)
+    model.load_weights(f"{folder}/{name}_init.weights.h5")
+    model.fit(np.load(f"{folder}/x.npy"), np.load(f"{folder}/y.npy"), batch_size=8, epochs=1, shuffle=False,
+              verbose=0)
+    np.savez(f"{folder}/{name}_{keras.backend.backend()}.npz", *[np.asarray(w) for w in model.weights])
+print("done")
+"""
+SGD_NORMALIZATIONS = ["batchnorm", "skipinit", "fixup"]
+
+
+def test_sgd_steps_on_jax_equal_tensorflow_weight_by_weight(tmp_path):
+    """Issue 20: the papers' optimizer (heavy-ball SGD, Fixup's lr/10 for
+    scalars), the L2 term and the schedule (halved from the 3rd of 4 updates)
+    as train.py compiles them: 4 updates from the same weights on the same
+    batches give the same weights on JAX as on TensorFlow, within float32
+    round-off. (Whole train.py runs differ more: each backend draws its own
+    initialization, and the issue's 3-epoch run spreads from 43% to 92% over
+    initializations on one backend.)"""
+    require_jax()
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.standard_normal((32, 16, 16, 3)).astype("float32"))
+    np.save(tmp_path / "y.npy", np.eye(10, dtype="float32")[rng.integers(0, 10, 32)])
+    inits = {}
+    for name in SGD_NORMALIZATIONS:
+        model = apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=name, seed=3)
+        model.save_weights(tmp_path / f"{name}_init.weights.h5")
+        inits[name] = [np.asarray(w) for w in model.weights]
+    for run in (run_jax, run_tensorflow):
+        proc = run(["-c", SGD_STEPS, str(tmp_path), ",".join(SGD_NORMALIZATIONS)])
+        assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+    for name, init in inits.items():
+        on_jax, on_tf = np.load(tmp_path / f"{name}_jax.npz"), np.load(tmp_path / f"{name}_tensorflow.npz")
+        assert len(on_tf.files) == len(init)
+        for i, key in enumerate(on_tf.files):
+            np.testing.assert_allclose(on_jax[key], on_tf[key], rtol=1e-4, atol=1e-5, err_msg=f"{name}, weight {i}")
+        assert sum(not np.array_equal(w, on_tf[f"arr_{i}"]) for i, w in enumerate(init)) > 10, name  # they moved
 
 
 TORCH = r"""

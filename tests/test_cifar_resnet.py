@@ -7,7 +7,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_skipinit import applications as apps, layers as ksl, looped, serving
+from conftest import tf_only
+from keras_skipinit import applications as apps, layers as ksl, looped
 from keras_skipinit.applications import cifar_resnet
 from keras_skipinit.normalization import NORMALIZATIONS
 
@@ -153,8 +154,11 @@ def test_every_method_round_trips_through_keras_file(normalization, tmp_path):
     model.save(path)
     loaded = keras.models.load_model(path)
     np.testing.assert_allclose(loaded(X), model(X), atol=1e-6)
-    # Inference folding for serving is exact here too.
-    np.testing.assert_allclose(serving.fold(model)(X), model(X), rtol=1e-4, atol=1e-6)
+    if keras.backend.backend() == "tensorflow":  # serving is TensorFlow code
+        from keras_skipinit import serving
+
+        # Inference folding for serving is exact here too (option A's shared Fixup bias is kept).
+        np.testing.assert_allclose(serving.fold(model)(X), model(X), rtol=1e-4, atol=1e-6)
 
 
 def test_looped_form_equals_unrolled():
@@ -164,7 +168,7 @@ def test_looped_form_equals_unrolled():
     assert sum(isinstance(layer, looped.RepeatedBlocks) for layer in loop.layers) == 3
     unrolled.set_weights([w + RNG.normal(0, 0.05, w.shape).astype(w.dtype) for w in unrolled.get_weights()])
     looped.transfer_weights(unrolled, loop)
-    np.testing.assert_allclose(loop(X), unrolled(X), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loop(X), unrolled(X), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -179,10 +183,11 @@ def test_bad_arguments_raise_clear_value_errors(kwargs, match):
         apps.CifarResNet(**kwargs)
 
 
+@tf_only
 def test_trains_from_the_trainer_and_exports_for_serving(tmp_path):
     import tensorflow as tf
 
-    from keras_skipinit import training
+    from keras_skipinit import serving, training
 
     model_dir = str(tmp_path / "run")
     config = training.Config(model="cifar_resnet", depth=8, normalization="fixup", epochs=1, steps_per_epoch=3,
