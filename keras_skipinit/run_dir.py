@@ -37,7 +37,6 @@ CHECKPOINTS = "checkpoint"
 LOCK = ".lock"
 KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
 PREPROCESSINGS = ("standardize", "imagenet")
-MODELS = applications.MODELS  # model_spec.json "model" values
 
 
 def _one_line(error):
@@ -118,7 +117,7 @@ def history_column(model_dir, column):
 
 def build_model(model_args):
     """Builds the model that `model_args` (from `model_spec.json`) describes:
-    {"model": one of `MODELS`, "depth", "width" (WRN), and keyword
+    {"model": one of `applications.MODELS`, "depth", "width" (WRN), and keyword
     arguments of the `applications` constructor}."""
     args = dict(model_args)
     if "input_shape" in args:

@@ -451,11 +451,11 @@ def converged_table(runs, args):
 
 def _precisions(runs):
     """The precisions `runs` trained in, e.g. 'bfloat16 x2, float32 x1'."""
-    names = {"none": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
     counts = {}
     for run in runs:
-        precision = run.get("results", {}).get("config", {}).get("mixed_precision", "none")
-        counts[names.get(precision, precision)] = counts.get(names.get(precision, precision), 0) + 1
+        precision = run.get("results", {}).get("config", {}).get("mixed_precision", "none")  # train.py's values
+        name = "float32" if precision == "none" else precision
+        counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
 
 

@@ -31,10 +31,11 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_skipinit import data as data_lib, lsuv, machine, normalization as norm_lib, run_dir, schedules
+from keras_skipinit import applications, data as data_lib, lsuv, machine, run_dir, schedules
+from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
-MODELS = run_dir.MODELS
+MODELS = applications.MODELS  # train.py --model
 PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 
