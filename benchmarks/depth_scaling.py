@@ -11,7 +11,6 @@ embedded MNIST, 28x28) so the loss can be seen to fall.
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time

@@ -17,3 +17,16 @@ def run(main, usage):
     through pip's wrapper script (whose module has no docstring)."""
     sys.modules["__main__"].__doc__ = usage
     app.run(main)
+
+
+def tensorflow_env():
+    """This process's environment with the TensorFlow backend: SavedModels
+    are TensorFlow graphs, so export runs there whatever backend trained."""
+    return {**os.environ, "KERAS_BACKEND": "tensorflow"}
+
+
+def rerun_on_tensorflow():
+    """Replaces this process by the same command on the TensorFlow backend
+    (the backend is fixed once Keras is imported)."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
+    os.execve(sys.executable, [sys.executable, *argv[1:]], tensorflow_env())

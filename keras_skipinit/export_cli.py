@@ -1,8 +1,10 @@
-"""Command line of `python -m export` and keras-skipinit-export (TensorFlow only)."""
+"""Command line of `python -m export` and keras-skipinit-export. It runs on
+TensorFlow (SavedModels are TensorFlow graphs): started under another Keras
+backend, it runs itself again with KERAS_BACKEND=tensorflow."""
 
-import os
 import sys
 
+import keras
 from absl import app, flags, logging
 
 from keras_skipinit import _cli
@@ -67,4 +69,6 @@ def main(argv):
 
 def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
+    if keras.backend.backend() != "tensorflow":
+        _cli.rerun_on_tensorflow()
     _cli.run(main, USAGE)

@@ -1,12 +1,14 @@
-"""Command line of train.py and keras-skipinit-train (TensorFlow only).
+"""Command line of train.py and keras-skipinit-train (TensorFlow or JAX backend).
 
 Exit status: 0 done, 2 bad flags or data, 3 the run diverged, 4 training
 finished but --export_dir failed (results.json is written either way).
 """
 
 import os
+import subprocess
 import sys
 
+import keras
 from absl import app, flags, logging
 
 from keras_skipinit import _cli, data, normalization, run_dir, schedules, training
@@ -89,8 +91,9 @@ flags.DEFINE_enum("mixed_precision", _D.mixed_precision, list(training.PRECISION
 flags.DEFINE_bool("xla", _D.xla, "Compile the train step with XLA.")
 flags.DEFINE_enum(
     "strategy", _D.strategy, training.STRATEGIES,
-    "auto: MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the same flags; "
-    "task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device.",
+    "TensorFlow: auto is MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the "
+    "same flags; task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device. JAX: auto and mirrored "
+    "are keras.distribution.DataParallel over all local devices (one process; multi_worker is TensorFlow's).",
 )
 flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).")
 flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")
@@ -164,12 +167,17 @@ def _check_export(config):
 
 
 def _export(config, name, results_path):
-    """Exports the finished run; an export error leaves its results intact."""
+    """Exports the finished run; an export error leaves its results intact.
+    A run trained on another backend is exported by `python -m export` on
+    TensorFlow, in a process of its own."""
     from keras_skipinit import serving
 
     try:
-        model, preprocessing, source = serving.load_source(config.model_dir)
-        path = serving.export(model, F.export_dir, name, preprocessing=preprocessing)
+        if keras.backend.backend() == "tensorflow":
+            model, preprocessing, source = serving.load_source(config.model_dir)
+            path = serving.export(model, F.export_dir, name, preprocessing=preprocessing)
+        else:
+            source, path = _export_on_tensorflow(config.model_dir, name)
     except (ValueError, OSError) as e:
         print(f"{_cli.program('train.py')}: export failed (the run's results are kept in {results_path}): {e}", file=sys.stderr)
         return 4
@@ -177,6 +185,19 @@ def _export(config, name, results_path):
     run_dir.write_json(results_path, {**results, "export_path": path})
     print(f"Exported {source} to {path}")
     return 0
+
+
+def _export_on_tensorflow(model_dir, name):
+    from keras_skipinit import serving
+
+    version = serving.next_version(os.path.join(F.export_dir, name))
+    command = [sys.executable, "-c", "from keras_skipinit.export_cli import run; run()", f"--source={model_dir}",
+               f"--base_path={F.export_dir}", f"--model_name={name}", f"--version={version}"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=_cli.tensorflow_env())
+    if proc.returncode:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise ValueError(lines[-1] if lines else f"python -m export ended with status {proc.returncode}")
+    return model_dir, os.path.join(F.export_dir, name, str(version))
 
 
 def run():

@@ -10,17 +10,17 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
   (`scalar_lr_multiplier`, by default 0.1 for Fixup as in the authors'
   CIFAR and ImageNet code, 1 otherwise; exact for SGD with momentum, see
   `ScalarLRSGD`).
-- MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy from
-  TF_CONFIG (with two workarounds for keras-team/keras#20585, see
-  `enable_multi_worker_fit`); the chief writes model_dir, other workers
-  write the same files to a scratch directory that is then deleted.
+- On TensorFlow: MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy
+  from TF_CONFIG. On JAX: keras.distribution.DataParallel over the local
+  devices, many hosts through keras.distribution.initialize. All of it in
+  `distribute`; the chief writes model_dir, other workers write the same
+  files to a scratch directory that is then deleted.
 - Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
   resumes at the step it stopped, with the same data order.
 - A non-finite loss stops training at once; the run is recorded as diverged.
 """
 
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -29,15 +29,14 @@ import tempfile
 import time
 
 import keras
-import tensorflow as tf
 
-from keras_skipinit import applications, data as data_lib, lsuv, machine, run_dir, schedules
+from keras_skipinit import applications, data as data_lib, distribute, lsuv, machine, run_dir, schedules
 from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = applications.MODELS  # train.py --model
 PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+STRATEGIES = distribute.STRATEGIES
 
 
 @dataclasses.dataclass
@@ -77,18 +76,6 @@ class Config:
     checkpoint_steps: int = 0
     verbose: int | None = None
     restart: bool = False
-
-
-def check_backend():
-    """Training runs on TensorFlow only, for now: on JAX the same command
-    trained to 33% where TensorFlow reached 91% (issue 20), so any other
-    backend is refused rather than trained silently wrong."""
-    backend = keras.backend.backend()
-    if backend != "tensorflow":
-        raise ValueError(
-            f"training runs on the TensorFlow backend only; this process uses Keras backend {backend!r} "
-            "(KERAS_BACKEND or ~/.keras/keras.json): run with KERAS_BACKEND=tensorflow"
-        )
 
 
 def validate(config):
@@ -138,83 +125,6 @@ def validate(config):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def make_strategy(name):
-    """auto: MultiWorkerMirroredStrategy if TF_CONFIG is set, MirroredStrategy
-    over more than one GPU, else the default (one device)."""
-    if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError("strategy=multi_worker needs the cluster in the TF_CONFIG environment variable")
-        try:
-            cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-        except (ValueError, KeyError, TypeError):
-            raise ValueError("TF_CONFIG must be JSON with a 'cluster' and a 'task', see tf.distribute.cluster_resolver")
-        if not cluster:
-            raise ValueError("TF_CONFIG has an empty 'cluster'")
-        tf.get_logger().setLevel("WARNING")  # else an INFO line per collective op
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    gpus = tf.config.list_logical_devices("GPU")
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
-        return _mirrored(tuple(d.name for d in tf.config.list_logical_devices("CPU")))
-    if name == "mirrored" or len(gpus) > 1:
-        return _mirrored(tuple(d.name for d in gpus))
-    return tf.distribute.get_strategy()
-
-
-_MIRRORED = {}
-
-
-def _mirrored(devices):
-    """One MirroredStrategy per device set and process. A second instance
-    restarts the collective instance keys that the first one's all-reduces
-    already used in this process, and the next all-reduce of a different size
-    aborts ("Shape mismatch in the collective instance 100",
-    tensorflow/tensorflow#62790): two runs in one process (the sweep runner,
-    a notebook, the tests) must share the strategy."""
-    if devices not in _MIRRORED:
-        _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
-    return _MIRRORED[devices]
-
-
-def is_multi_worker(strategy):
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
-
-
-def is_chief(strategy):
-    """The worker that owns model_dir: task 0 of 'worker' or the 'chief' task."""
-    if not is_multi_worker(strategy):
-        return True
-    resolver = strategy.cluster_resolver
-    return resolver.task_type == "chief" or (
-        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
-    )
-
-
-def enable_multi_worker_fit(model):
-    """Makes Keras 3's fit/evaluate work under MultiWorkerMirroredStrategy,
-    which fails in two places (keras-team/keras#20585):
-
-    1. `_maybe_symbolic_build` eagerly all-reduces a distributed input batch
-       to build the model, which fails across workers. A model that pins no
-       strategy skips it and builds when the step is traced; fit must then
-       run inside `strategy.scope()`.
-    2. Step outputs are reduced with `strategy.reduce(MEAN, v, axis=0)`,
-       which fails for scalar metrics. Returning them as shape-[1] vectors
-       makes that reduction the mean over replicas, a scalar.
-    """
-
-    def vectorize(step):
-        def wrapped(data):
-            return {k: tf.reshape(v, [1]) if len(v.shape) == 0 else v for k, v in step(data).items()}
-
-        return wrapped
-
-    model._distribute_strategy = None
-    model.train_step = vectorize(model.train_step)
-    model.test_step = vectorize(model.test_step)
 
 
 def scalar_lr(config):
@@ -274,7 +184,7 @@ def compiled_model(config, dataset, steps_per_epoch):
             keras.metrics.CategoricalAccuracy(name="top1"),
             keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
         ],
-        jit_compile=config.xla,
+        jit_compile=distribute.jit_compile(config.xla),
     )
     return model
 
@@ -375,6 +285,7 @@ class TrainingMonitor(keras.callbacks.Callback):
             self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
             self.model.stop_training = True
         elif self.every and self.step % self.every == 0:
+            distribute.sync_weights(self.model)  # JAX: from the trainer's state
             self.checkpoint.save(self.model, self.epoch, self.step)
 
 
@@ -392,11 +303,11 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
 
 def train(config):
     """Trains per `config`; returns the results dict (also in results.json)."""
-    check_backend()
+    distribute.check_backend()
     validate(config)
     start = time.time()
-    strategy = make_strategy(config.strategy)  # multi-worker: before any other TF op
-    if is_chief(strategy):
+    strategy = distribute.make_strategy(config.strategy)  # multi-worker: before any other TF op
+    if distribute.is_chief(strategy):
         check_not_foreign(config.model_dir)
         with run_dir.lock(config.model_dir):  # one process per model_dir, for the run's life
             return _train_chief(config, strategy, start)
@@ -434,7 +345,7 @@ def _seed_and_precision(config):
 def _train(config, strategy, out_dir, start):
     """The run itself; writes go to `out_dir` (model_dir, or a non-chief
     worker's scratch directory), checkpoints are read from model_dir."""
-    model_dir, chief, multi_worker = config.model_dir, is_chief(strategy), is_multi_worker(strategy)
+    model_dir, chief = config.model_dir, distribute.is_chief(strategy)
 
     dataset = data_lib.load(
         config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples
@@ -452,12 +363,11 @@ def _train(config, strategy, out_dir, start):
 
     with strategy.scope():
         model = compiled_model(config, dataset, steps_per_epoch)
-        _note_ghost_batches(model, micro_batch // replicas, chief)
+        _note_ghost_batches(model, distribute.model_batch(strategy, micro_batch), chief)
         for warning in (memory_warning(model, micro_batch // replicas), precision_warning(config.mixed_precision)):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
-        if multi_worker:
-            enable_multi_worker_fit(model)
+        distribute.prepare_model(model, strategy)
         write_model_spec(out_dir, config, dataset)
         checkpoint = run_dir.Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
@@ -524,9 +434,10 @@ def _train(config, strategy, out_dir, start):
         "final_lr": _current_lr(model),
         "epochs_completed": epoch,
         "replicas": replicas,
-        "workers": _num_workers(strategy) if multi_worker else 1,
+        "workers": distribute.num_workers(strategy),
         "chief": chief,
         "wall_time_s": time.time() - start,
+        "backend": distribute.backend(),
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
         "eval_split": dataset.eval_split,  # 'validation': test_* are on the held-out training examples
@@ -565,7 +476,7 @@ def available_memory_bytes():
 def memory_warning(model, per_replica_batch):
     """A warning when, on the CPU, one step's activations alone exceed the
     memory available (the process would be killed or crash mid-step)."""
-    if tf.config.list_logical_devices("GPU"):
+    if distribute.on_gpu():
         return None
     need, have = activation_bytes(model, per_replica_batch), available_memory_bytes()
     if have is None or need <= have:
@@ -579,29 +490,25 @@ def precision_warning(mixed_precision):
     """A warning when bfloat16 runs on a CPU without bfloat16 hardware:
     emulated, it is several times slower than float32 (measured 0.17x for
     WRN-16-1 on an AVX2-only CPU, benchmarks/README.md)."""
-    if mixed_precision != "bfloat16" or tf.config.list_logical_devices("GPU") or machine.cpu_has_native_bfloat16() is not False:
+    if mixed_precision != "bfloat16" or distribute.on_gpu() or machine.cpu_has_native_bfloat16() is not False:
         return None
     return ("Warning: --mixed_precision=bfloat16 on a CPU without bfloat16 instructions (no AVX512_BF16/AMX in "
             "/proc/cpuinfo): it is emulated and several times slower than float32 here; use --mixed_precision=none.")
 
 
-def _note_ghost_batches(model, per_replica_batch, chief):
-    """GhostBatchNormalization splits each replica's batch into ghost batches
-    and normalizes a remainder as its own, smaller ghost batch; say so when
-    that happens, since the statistics then depend on the batch split."""
+def _note_ghost_batches(model, batch, chief):
+    """GhostBatchNormalization splits the batch one model call sees
+    (`distribute.model_batch`) into ghost batches and normalizes a remainder
+    as its own, smaller ghost batch; say so when that happens, since the
+    statistics then depend on the batch split."""
     ghost = next((l.virtual_batch_size for l in model.layers if getattr(l, "virtual_batch_size", None)), None)
-    if not ghost or not chief or per_replica_batch % ghost == 0:
+    if not ghost or not chief or batch % ghost == 0:
         return
-    if per_replica_batch < ghost:
+    if batch < ghost:
         detail = "each is one ghost batch (plain batch statistics)"
     else:
-        detail = f"the last ghost batch of each has {per_replica_batch % ghost} examples"
-    print(f"Note: per-replica batches of {per_replica_batch} with ghost_batch_size {ghost}: {detail}.", flush=True)
-
-
-def _num_workers(strategy):
-    spec = strategy.cluster_resolver.cluster_spec().as_dict()
-    return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
+        detail = f"the last ghost batch of each has {batch % ghost} examples"
+    print(f"Note: batches of {batch} per model call with ghost_batch_size {ghost}: {detail}.", flush=True)
 
 
 def _epochs(n):

@@ -219,7 +219,6 @@ def test_export_of_a_looped_model_serves_its_outputs(tmp_path, fold):
         np.testing.assert_allclose(out[key], expected, atol=1e-5, err_msg=key)
 
 
-@tf_only
 def test_train_py_mirrored_and_resumed_looped_runs(tmp_path):
     """--loop_blocks through training.train: MirroredStrategy over two devices
     equals one device with ghost BN, and raising --epochs resumes the run."""

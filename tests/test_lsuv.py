@@ -2,7 +2,6 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import tf_only
 from keras_skipinit import analysis, applications as apps, lsuv
 
 
@@ -51,7 +50,6 @@ def test_models_with_normalization_are_refused(normalization, match):
         lsuv.lsuv_init(model, digits(8))
 
 
-@tf_only
 def test_train_py_flag(tmp_path):
     from keras_skipinit import training
 

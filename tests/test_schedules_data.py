@@ -1,10 +1,8 @@
 import math
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 from keras_skipinit import data, schedules
 

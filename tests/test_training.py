@@ -8,10 +8,9 @@ import time
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
-import tensorflow_datasets as tfds
 
-from keras_skipinit import applications as apps, run_dir, schedules, training
+from conftest import BACKEND, tf_only
+from keras_skipinit import applications as apps, data as data_lib, distribute, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(depth=10, width=1, verbose=0)
@@ -35,7 +34,7 @@ def run_cli(*flags, timeout=600):
 
 def final_weights(model_dir):
     model = keras.models.load_model(os.path.join(model_dir, "model.keras"))
-    return [w.numpy() for w in model.weights]
+    return [keras.ops.convert_to_numpy(w) for w in model.weights]
 
 
 # --- pieces -------------------------------------------------------------------------
@@ -44,7 +43,7 @@ def final_weights(model_dir):
 def test_l2_term_is_coefficient_times_sum_of_squared_kernels():
     model = apps.WideResNet(10, 1, normalization="regularized_skipinit", alpha_init="one")
     training.add_l2(model, 5e-4)
-    kernels = [w.numpy() for w in model.weights if w.path.endswith("kernel")]
+    kernels = [keras.ops.convert_to_numpy(w) for w in model.weights if w.path.endswith("kernel")]
     assert len(kernels) == 1 + 3 * 2 + 2 + 1  # stem, 2 per block, 2 projections, classifier
     expected = 5e-4 * sum(float(np.sum(k.astype(np.float64) ** 2)) for k in kernels)
     model(np.zeros((1, 32, 32, 3), "float32"))
@@ -66,12 +65,13 @@ def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
     opt3 = keras.optimizers.SGD(learning_rate=0.5, momentum=0.9)
     _, v3 = make()
     for step in range(4):
-        grads = [tf.constant(0.3 * step + 1.0), tf.constant([1.0, -2.0, 0.5])]
+        grads = [np.float32(0.3 * step + 1.0), np.array([1.0, -2.0, 0.5], "float32")]
         opt1.apply(grads, [s1, v1])
         opt2.apply(grads[:1], [s2])
         opt3.apply(grads[1:], [v3])
-    assert float(s1.numpy()) == pytest.approx(float(s2.numpy()), rel=1e-6)
-    np.testing.assert_allclose(v1.numpy(), v3.numpy(), rtol=1e-6)
+    to_np = keras.ops.convert_to_numpy
+    assert float(to_np(s1)) == pytest.approx(float(to_np(s2)), rel=1e-6)
+    np.testing.assert_allclose(to_np(v1), to_np(v3), rtol=1e-6)
     assert training.ScalarLRSGD.from_config(opt1.get_config()).scalar_lr_multiplier == 0.1
 
 
@@ -131,11 +131,11 @@ def test_schedule_follows_updates_not_micro_batches(kind):
     for micro in range(updates * accumulation):
         if micro % accumulation == 0:
             u = micro // accumulation
-            assert float(optimizer.learning_rate) == pytest.approx(schedule(u).numpy(), rel=1e-6), u
-        optimizer.apply([tf.constant([1.0])], [w])
+            assert float(optimizer.learning_rate) == pytest.approx(float(schedule(u)), rel=1e-6), u
+        optimizer.apply([np.ones(1, "float32")], [w])
     expected = -sum(schedules.lr_at_epoch(kind, u / steps_per_epoch, 0.5, epochs) for u in range(updates))
     assert int(optimizer.iterations) == updates
-    assert float(w.numpy()[0]) == pytest.approx(expected, rel=1e-5)
+    assert float(keras.ops.convert_to_numpy(w)[0]) == pytest.approx(expected, rel=1e-5)
 
 
 def test_accumulation_logs_the_schedule_of_updates(tmp_path):
@@ -194,12 +194,10 @@ def test_training_learns_real_digits_end_to_end(tmp_path):
 def test_reported_test_metrics_are_those_of_the_final_model(tmp_path):
     """results.json reuses the validation of the last epoch (same weights)
     instead of evaluating the test split a second time."""
-    from keras_skipinit import data
-
     results = training.train(small_config(tmp_path, epochs=2, steps_per_epoch=3))
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     model.compile(metrics=[keras.metrics.CategoricalAccuracy(name="top1")], loss="categorical_crossentropy")
-    evaluated = model.evaluate(data.eval_pipeline(data.load(data.EMBEDDED), 32), verbose=0, return_dict=True)
+    evaluated = model.evaluate(data_lib.eval_pipeline(data_lib.load(data_lib.EMBEDDED), 32), verbose=0, return_dict=True)
     assert results["test_top1"] == pytest.approx(evaluated["top1"], abs=1e-7)
 
 
@@ -219,23 +217,39 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path):
         np.testing.assert_allclose(a, b, atol=2e-5)
 
 
+@tf_only
 def test_mirrored_strategy_is_shared_by_runs_in_one_process():
     """A second MirroredStrategy reuses the first one's collective instance
     keys and aborts the next all-reduce of another size (tensorflow#62790):
     training the looped and the unrolled mirrored models in one pytest process
     failed so in CI."""
-    first = training.make_strategy("mirrored")
-    assert first.num_replicas_in_sync == 2 and training.make_strategy("mirrored") is first
+    first = distribute.make_strategy("mirrored")
+    assert first.num_replicas_in_sync == 2 and distribute.make_strategy("mirrored") is first
 
 
-def test_mirrored_two_devices_equals_one_device_with_ghost_bn(tmp_path):
-    common = dict(normalization="ghost_batchnorm", ghost_batch_size=8, epochs=1, steps_per_epoch=2,
+# TensorFlow replicas normalize their own part of the batch: ghost batches of
+# the per-replica size make them equal one device. JAX normalizes the global
+# batch (synchronized BatchNorm), so plain BatchNorm is equal there too.
+TWO_DEVICE_NORMALIZATIONS = [("ghost_batchnorm", 8)] + ([("batchnorm", None)] if BACKEND == "jax" else [])
+
+
+@pytest.mark.parametrize("normalization,ghost", TWO_DEVICE_NORMALIZATIONS)
+def test_two_devices_equal_one_device(tmp_path, normalization, ghost):
+    """MirroredStrategy over 2 logical CPUs (TensorFlow) or DataParallel over
+    2 host devices (JAX, XLA_FLAGS=--xla_force_host_platform_device_count=2)."""
+    common = dict(normalization=normalization, ghost_batch_size=ghost, epochs=1, steps_per_epoch=2,
                   schedule="constant", learning_rate=0.05, batch_size=32)
     one = training.train(small_config(tmp_path / "one", strategy="one_device", **common))
     two = training.train(small_config(tmp_path / "two", strategy="mirrored", **common))
     assert (one["replicas"], two["replicas"]) == (1, 2)
-    for a, b in zip(final_weights(tmp_path / "one" / "run"), final_weights(tmp_path / "two" / "run")):
+    assert one["backend"] == two["backend"] == BACKEND
+    moved = 0
+    fresh = training.build_model(training.Config(**{**SMALL, **common}), data_lib.load(data_lib.EMBEDDED))
+    initial = [keras.ops.convert_to_numpy(w) for w in fresh.weights]  # the same seed: the runs' initialization
+    for a, b, w0 in zip(final_weights(tmp_path / "one" / "run"), final_weights(tmp_path / "two" / "run"), initial):
         np.testing.assert_allclose(a, b, atol=5e-5)
+        moved += not np.allclose(a, w0)
+    assert moved > 10  # the runs trained
 
 
 def test_tfds_training_path_with_mock_cifar10(tmp_path, mock_tfds):
@@ -317,6 +331,7 @@ def _free_ports(n):
     return ports
 
 
+@tf_only
 def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
     """MultiWorkerMirroredStrategy from TF_CONFIG, two processes: gradients are
     all-reduced (same weights as one device on the same global batch), the
@@ -344,6 +359,6 @@ def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_multi_worker_without_tf_config_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="TF_CONFIG"):
+def test_multi_worker_without_a_cluster_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="TF_CONFIG" if BACKEND == "tensorflow" else "several JAX processes"):
         training.train(small_config(tmp_path, strategy="multi_worker"))
