@@ -12,6 +12,7 @@ import keras
 from absl import app, flags, logging
 
 from keras_skipinit import _cli, data, normalization, run_dir, schedules, training
+from keras_skipinit.applications import cifar_resnet
 
 _D = training.Config()
 USAGE = """Train a keras_skipinit model with the papers' protocol.
@@ -59,6 +60,12 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_bool("remat", False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
 flags.DEFINE_float("nf_beta", None, "NF-ResNet branch scale beta for normalization=nf (default 0.2).")
+flags.DEFINE_enum("shortcut", None, list(cifar_resnet.SHORTCUTS),
+                  "--model=cifar_resnet: A, parameter-free zero-padding shortcuts (default, He et al. 2016 §4.2), "
+                  "or B, 1x1 projections where the shape changes.")
+flags.DEFINE_enum("stem_init", None, list(cifar_resnet.STEM_INITS),
+                  "--model=cifar_resnet: initialization of the stem conv: he_normal (default) or pytorch_default "
+                  "(U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).")
 flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, else 0).")
 flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...")
 flags.DEFINE_string("data_dir", None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared there on first use.")

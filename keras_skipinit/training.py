@@ -49,6 +49,8 @@ class Config:
     ghost_batch_size: int | None = None
     bn_momentum: float | None = None
     nf_beta: float | None = None
+    shortcut: str | None = None  # cifar_resnet: 'A' (default) or 'B'
+    stem_init: str | None = None  # cifar_resnet: 'he_normal' (default) or 'pytorch_default'
     lsuv: bool = False
     loop_blocks: bool = False
     remat: bool = False
@@ -111,6 +113,9 @@ def validate(config):
         raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
     if c.nf_beta is not None and c.normalization != "nf":
         raise ValueError("nf_beta applies only to normalization=nf")
+    for name in ("shortcut", "stem_init"):
+        if getattr(c, name) is not None and c.model != "cifar_resnet":
+            raise ValueError(f"{name} applies only to model=cifar_resnet")
     if c.normalization == "nf" and c.model in ("resnet_v1", "cifar_resnet"):
         raise ValueError("normalization=nf needs pre-activation blocks: use --model=wrn or resnet_v2")
     if c.batch_size % c.accumulation_steps:
@@ -158,6 +163,9 @@ def model_args(config, dataset):
         args.update(loop_blocks=config.loop_blocks, remat=config.remat)
     if config.model == "wrn":
         args["width"] = config.width
+    for name in ("shortcut", "stem_init"):  # cifar_resnet only; absent from earlier specs
+        if getattr(config, name) is not None:
+            args[name] = getattr(config, name)
     return args
 
 
