@@ -314,7 +314,49 @@ def _append_run(path, run):
         os.fsync(f.fileno())
 
 
+def pending_runs(args, done):
+    """The runs that can start now, in the sweep's order: per cell (depth,
+    then method, as given), the missing seeds of its grid (the base grid and
+    the points an earlier extension added), else the next point of
+    --extend_grid, else its final seeds at the best learning rate. A cell's
+    later runs wait for the results of its earlier ones. Every decision of
+    the protocol is made here, from the results in `done` alone, so an
+    interrupted sweep resumes exactly, and an executor that runs a whole
+    round at once (all cells' pending runs) makes the same decisions."""
+    pending = []
+    for depth in args.depths:
+        for key in args.methods:
+            pending += _cell_pending(args, done, key, depth)
+    return pending
+
+
+def _cell_pending(args, done, key, depth):
+    def missing(lrs, seeds, phase=SELECT):
+        return [(key, depth, lr, seed, phase) for lr in lrs for seed in range(seeds)
+                if _ident(key, depth, lr, seed, phase) not in done]
+
+    if key in args.chosen_log2_lrs:  # no selection: the final runs at the given rate
+        return missing([2.0 ** args.chosen_log2_lrs[key]], args.final_seeds, FINAL)
+    base = base_lrs(args, key)
+    keyed = {_lr_key(lr) for lr in base}
+    selection = _selection(done.values(), key, depth)
+    added = sorted({r["lr"] for r in selection if _lr_key(r["lr"]) not in keyed}) if args.extend_grid else []
+    todo = missing(base + added, args.seeds)
+    if todo:
+        return todo
+    best, rows = summarize(selection, args.best_k, args.chance)
+    if args.extend_grid:
+        step = next_log2_lr(best, rows)
+        if step is not None:
+            return missing([2.0**step], args.seeds)
+    if args.final_seeds and best:
+        return missing([best["lr"]], args.final_seeds, FINAL)
+    return []
+
+
 def run_sweep(args):
+    """Runs the sweep in this process, one run at a time: the first of
+    `pending_runs` until there is none."""
     from keras_skipinit import run_dir, training
 
     os.makedirs(args.out, exist_ok=True)
@@ -325,22 +367,15 @@ def run_sweep(args):
         raise ValueError(f"{log_path} holds runs of --model={others[0]}, not --model={args.model}: "
                          "give this sweep an --out of its own")
     machine = machine_lib.describe()
-    # Per cell: the base grid, then (extend_grid) the points an earlier run of
-    # this sweep added, whose missing seeds run first on resume.
-    grids = {}
-    for depth in args.depths:
-        for key in args.methods:
-            base = base_lrs(args, key)
-            added = {r["lr"] for r in done.values() if r["method"] == key and r["depth"] == depth
-                     and r.get("phase", SELECT) == SELECT and _lr_key(r["lr"]) not in {_lr_key(lr) for lr in base}}
-            grids[(key, depth)] = [] if key in args.chosen_log2_lrs else base + (sorted(added) if args.extend_grid else [])
-    planned = sum(len(lrs) for lrs in grids.values()) * args.seeds + len(grids) * args.final_seeds
     state = {"new": 0, "seconds": 0.0}
+    cells = {(key, depth) for depth in args.depths for key in args.methods}
+    done_before = sum((r["method"], r["depth"]) in cells for r in done.values())
 
-    def run_one(key, depth, lr, seed, phase=SELECT):
-        ident = _ident(key, depth, lr, seed, phase)
-        if ident in done:
-            return
+    while True:
+        pending = pending_runs(args, done)
+        if not pending:
+            break
+        key, depth, lr, seed, phase = pending[0]
         import keras
 
         keras.backend.clear_session()
@@ -358,38 +393,29 @@ def run_sweep(args):
                "curve": run_dir.history_column(config.model_dir, "val_top1"), "wall_time_s": result["wall_time_s"],
                "machine": machine, "results": results}
         _append_run(log_path, run)
-        done[ident] = run
-        left = max(planned - len(done), 0)
+        done[_ident(key, depth, lr, seed, phase)] = run
+        finished = done_before + state["new"]
+        left = _runs_left(args, done)
         eta = state["seconds"] / state["new"] * left
         acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
-        print(f"[{len(done)}/{planned}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
+        print(f"[{finished}/{finished + left}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
               f"{' (final)' if phase == FINAL else ''}: {run['status']}, {run['eval_split']} {acc}, "
               f"{run['wall_time_s']:.0f} s; about {eta / 60:.0f} min left", flush=True)
+    return list(done.values())
 
+
+def _runs_left(args, done):
+    """Runs still to come as far as known now: the pending ones, and the
+    final seeds of cells still choosing their rate (a grid extension adds
+    more when it happens)."""
+    left = 0
     for depth in args.depths:
         for key in args.methods:
-            if key in args.chosen_log2_lrs:  # no selection: the final runs at the given rate
-                for seed in range(args.final_seeds):
-                    run_one(key, depth, 2.0 ** args.chosen_log2_lrs[key], seed, FINAL)
-                continue
-            lrs = grids[(key, depth)]
-            while True:
-                for lr in lrs:
-                    for seed in range(args.seeds):
-                        run_one(key, depth, lr, seed)
-                if not args.extend_grid:
-                    break
-                best, rows = summarize(_selection(done.values(), key, depth), args.best_k, args.chance)
-                step = next_log2_lr(best, rows)
-                if step is None:
-                    break
-                lrs = [2.0**step]
-                planned += args.seeds
-            if args.final_seeds:
-                best, _ = summarize(_selection(done.values(), key, depth), args.best_k, args.chance)
-                for seed in range(args.final_seeds) if best else ():
-                    run_one(key, depth, best["lr"], seed, FINAL)
-    return list(done.values())
+            cell = _cell_pending(args, done, key, depth)
+            left += len(cell)
+            if args.final_seeds and cell and cell[0][4] == SELECT:
+                left += args.final_seeds
+    return left
 
 
 def base_lrs(args, key):
