@@ -225,18 +225,22 @@ def test_training_refuses_backends_it_does_not_support(tmp_path, command):
 
 # train.py's guarantees, each tested under JAX by the same test as under TensorFlow (the
 # tf.distribute tests excepted): two host devices for DataParallel.
-JAX_TRAINING = {
-    "tests/test_training.py": "not learns_real_digits and not progress_counts and not epochs_longer",
-    "tests/test_run_dir.py": ("another_method or whole_directories or kill_during_a_save or unreadable_newest "
+JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads them over the cores
+    ("tests/test_training.py", "killed_run_resumes or divergence"),
+    ("tests/test_training.py", "two_devices or gradient_accumulation_equals"),
+    ("tests/test_training.py", "ghost_batches or mock_cifar10 or reported_test_metrics"),
+    ("tests/test_training.py", "l2_term or scalar_lr or fixup_scalars or bad_configs or batch_larger "
+                               "or schedule_follows or multi_worker"),
+    ("tests/test_run_dir.py", "another_method or whole_directories or kill_during_a_save or unreadable_newest "
                               "or no_readable_checkpoint"),
-}
+]
 
 
-@pytest.mark.parametrize("test_file", sorted(JAX_TRAINING))
-def test_training_tests_pass_under_jax(test_file):
+@pytest.mark.parametrize("test_file,select", JAX_TRAINING, ids=[f"{f}:{k.split()[0]}" for f, k in JAX_TRAINING])
+def test_training_tests_pass_under_jax(test_file, select):
     require_jax()
-    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", JAX_TRAINING[test_file], test_file],
-                   devices=2)
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", select, test_file], devices=2,
+                   timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
