@@ -4,7 +4,7 @@ uses only its `scope()` and `num_replicas_in_sync`, plus the functions below.
 
 - TensorFlow: tf.distribute. MirroredStrategy over the local GPUs,
   MultiWorkerMirroredStrategy from TF_CONFIG (with the workarounds of
-  `enable_multi_worker_fit`). Each replica runs the model on its own part of
+  `prepare_model`). Each replica runs the model on its own part of
   the batch; gradients are all-reduced.
 - JAX: keras.distribution. `DataParallel` over the local devices of one
   process (several processes are refused for now, see `_jax_strategy`). One
@@ -63,8 +63,7 @@ def jit_compile(xla):
 
 
 def make_strategy(name):
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {name!r}")
+    """The strategy for `name`, one of STRATEGIES (checked by `training.validate`)."""
     if backend() == "jax":
         return _jax_strategy(name)
     return _tf_strategy(name)

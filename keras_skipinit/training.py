@@ -12,8 +12,8 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
   `ScalarLRSGD`).
 - On TensorFlow: MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy
   from TF_CONFIG. On JAX: keras.distribution.DataParallel over the local
-  devices, many hosts through keras.distribution.initialize. All of it in
-  `distribute`; the chief writes model_dir, other workers write the same
+  devices of one process (several processes are refused for now). All of it
+  in `distribute`; the chief writes model_dir, other workers write the same
   files to a scratch directory that is then deleted.
 - Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
   resumes at the step it stopped, with the same data order.
