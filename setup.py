@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 setup(
     name="keras_skipinit",
     version="0.1.0",
-    description="SkipInit, Fixup and Ghost Batch Norm residual networks for Keras 3 (models on every backend; training on TensorFlow).",
+    description="SkipInit, Fixup and Ghost Batch Norm residual networks for Keras 3 (models and training on TensorFlow and JAX).",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_skipinit", "keras_skipinit.*"]),
@@ -26,7 +26,8 @@ setup(
     ],
     # jax: the tests of the other Keras backend (tests/test_backends.py); CPU build.
     # pytest-xdist: the suite runs on every core, at most 4 workers (pytest.ini's -n).
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30"]},
+    # ray: `python -m keras_skipinit.sweep --executor=ray` (sweeps on a Ray cluster).
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30"], "ray": ["ray>=2.9"]},
     entry_points={
         "console_scripts": [
             "keras-skipinit-train=keras_skipinit.train_cli:run",

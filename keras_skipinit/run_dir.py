@@ -74,6 +74,10 @@ def strict_json(value):
     return value
 
 
+class ModelDirInUse(ValueError):
+    """Another live process holds the model_dir's lock."""
+
+
 @contextlib.contextmanager
 def lock(model_dir):
     """Holds model_dir for one process: an exclusive flock on model_dir/.lock
@@ -88,7 +92,7 @@ def lock(model_dir):
     except OSError:
         with os.fdopen(fd) as f:
             holder = f.read().strip() or "another process"
-        raise ValueError(f"--model_dir={model_dir} is in use by {holder}; wait for it, or use another --model_dir") from None
+        raise ModelDirInUse(f"--model_dir={model_dir} is in use by {holder}; wait for it, or use another --model_dir") from None
     try:
         os.ftruncate(fd, 0)
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))

@@ -1,4 +1,4 @@
-"""The papers' depth experiments, run through `training.train` (TensorFlow only).
+"""The papers' depth experiments, run through `training.train`.
 
 Two protocols, one runner; a preset fills in the paper's settings:
 
@@ -22,6 +22,11 @@ Two protocols, one runner; a preset fills in the paper's settings:
 Every run's results.json is one line of ``runs.jsonl`` under --out, and
 each run keeps its model_dir under --runs_dir, so an interrupted sweep
 resumes where it stopped (a run cut off midway resumes from its checkpoint).
+
+``--executor=ray`` runs each run as a Ray task (a local Ray instance, or the
+cluster at --ray_address / RAY_ADDRESS) with --cpus_per_run/--gpus_per_run:
+all runs that do not wait on another's result go out at once (a round), and
+the next round is decided from their results by the same `pending_runs`.
 """
 
 import argparse
@@ -33,6 +38,7 @@ import time
 
 import numpy as np
 
+from keras_skipinit import executors
 from keras_skipinit import machine as machine_lib
 from keras_skipinit.applications import MODELS
 
@@ -355,10 +361,10 @@ def _cell_pending(args, done, key, depth):
 
 
 def run_sweep(args):
-    """Runs the sweep in this process, one run at a time: the first of
-    `pending_runs` until there is none."""
-    from keras_skipinit import run_dir, training
-
+    """Runs the sweep: every run `pending_runs` allows goes to the executor
+    (--executor: this process, one run at a time; or Ray tasks, all at once),
+    and each result is recorded here as it comes back (one writer), before
+    the pending runs are decided again."""
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "runs.jsonl")
     done = _load_runs(log_path, repair=True)
@@ -366,42 +372,59 @@ def run_sweep(args):
     if others:
         raise ValueError(f"{log_path} holds runs of --model={others[0]}, not --model={args.model}: "
                          "give this sweep an --out of its own")
-    machine = machine_lib.describe()
-    state = {"new": 0, "seconds": 0.0}
+    executor = _executor(args)
     cells = {(key, depth) for depth in args.depths for key in args.methods}
     done_before = sum((r["method"], r["depth"]) in cells for r in done.values())
-
-    while True:
-        pending = pending_runs(args, done)
-        if not pending:
-            break
-        key, depth, lr, seed, phase = pending[0]
-        import keras
-
-        keras.backend.clear_session()
-        start = time.time()
-        config = _config(args, key, depth, lr, seed, phase)
-        result = training.train(config)
-        state["new"] += 1
-        state["seconds"] += time.time() - start
-        results = {k: v for k, v in result.items() if k != "chief"}
-        # Paths relative to --out: no machine's directories in committed results.
-        results["config"] = {**results["config"], "model_dir": os.path.relpath(results["config"]["model_dir"], args.out)}
-        run = {"model": args.model, "method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr), "seed": seed,
-               "phase": phase, "status": result["status"], "test_top1": result["test_top1"],
-               "eval_split": result.get("eval_split", "test"), "train_cross_entropy": result["train_cross_entropy"],
-               "curve": run_dir.history_column(config.model_dir, "val_top1"), "wall_time_s": result["wall_time_s"],
-               "machine": machine, "results": results}
-        _append_run(log_path, run)
-        done[_ident(key, depth, lr, seed, phase)] = run
-        finished = done_before + state["new"]
-        left = _runs_left(args, done)
-        eta = state["seconds"] / state["new"] * left
-        acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
-        print(f"[{finished}/{finished + left}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
-              f"{' (final)' if phase == FINAL else ''}: {run['status']}, {run['eval_split']} {acc}, "
-              f"{run['wall_time_s']:.0f} s; about {eta / 60:.0f} min left", flush=True)
+    start, new, in_flight = time.time(), 0, {}
+    try:
+        while True:
+            pending = [ident for ident in pending_runs(args, done) if ident not in in_flight]
+            for ident in pending[: executor.capacity - len(in_flight)]:
+                in_flight[ident] = _config(args, *ident)
+                executor.submit(ident, in_flight[ident])
+            if not in_flight:
+                break
+            ident, outcome = executor.wait()
+            run = _record(args, ident, in_flight.pop(ident), outcome)
+            _append_run(log_path, run)
+            done[_ident(*ident)] = run
+            new += 1
+            running, queued = executor.in_flight()
+            finished, left = done_before + new, _runs_left(args, done)
+            eta = (time.time() - start) / new * left  # this sweep's throughput so far
+            key, depth, lr, seed, phase = ident
+            acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
+            busy = f"{running} running, {queued} queued; " if args.executor != "sequential" else ""
+            print(f"[{finished}/{finished + left}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
+                  f"{' (final)' if phase == FINAL else ''}: {run['status']}, {run['eval_split']} {acc}, "
+                  f"{run['wall_time_s']:.0f} s; {busy}about {eta / 60:.0f} min left", flush=True)
+    finally:
+        executor.close()
     return list(done.values())
+
+
+def _executor(args):
+    if args.executor == "sequential":
+        return executors.make("sequential")
+    # Ray workers may run elsewhere: model_dirs and data by absolute path (on storage every node reads).
+    args.runs_dir = os.path.abspath(args.runs_dir)
+    args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
+    return executors.make("ray", address=args.ray_address, cpus_per_run=args.cpus_per_run,
+                          gpus_per_run=args.gpus_per_run, max_retries=args.max_retries)
+
+
+def _record(args, ident, config, outcome):
+    """The runs.jsonl line of a finished run."""
+    key, depth, lr, seed, phase = ident
+    result = outcome["result"]
+    results = {k: v for k, v in result.items() if k != "chief"}
+    # Paths relative to --out: no machine's directories in committed results.
+    results["config"] = {**results["config"], "model_dir": os.path.relpath(results["config"]["model_dir"], args.out)}
+    return {"model": args.model, "method": key, "depth": depth, "width": args.width, "lr": lr, "log2_lr": math.log2(lr),
+            "seed": seed, "phase": phase, "status": result["status"], "test_top1": result["test_top1"],
+            "eval_split": result.get("eval_split", "test"), "train_cross_entropy": result["train_cross_entropy"],
+            "curve": outcome["curve"], "wall_time_s": result["wall_time_s"], "machine": outcome["machine"],
+            "results": results}
 
 
 def _runs_left(args, done):
@@ -690,6 +713,15 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
+    parser.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
+                        help="sequential: each run in this process in turn; ray: each run a Ray task (pip install -e \".[ray]\")")
+    parser.add_argument("--ray_address", default=None,
+                        help="a Ray cluster's address (ray start --head prints it); default: RAY_ADDRESS, else the "
+                             "cluster `ray start` started on this machine, else a new local instance; local: always a new one")
+    parser.add_argument("--cpus_per_run", type=float, default=1, help="Ray resources of each run")
+    parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources of each run (GPUs: --cpus_per_run too)")
+    parser.add_argument("--max_retries", type=int, default=3,
+                        help="Ray: times a run whose worker died is retried (it resumes from its checkpoint)")
     preset = parser.parse_known_args(argv)[0].preset
     if preset:
         parser.set_defaults(**PRESETS[preset])
@@ -733,7 +765,7 @@ def main(argv=None):
                                  "run the sweep without --report_only first")
         else:
             runs = run_sweep(args)
-    except ValueError as e:
+    except (ValueError, executors.RunFailed) as e:
         print(f"python -m keras_skipinit.sweep: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(report(runs, args))

@@ -61,6 +61,17 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 REQUIRE_ALL = os.environ.get("KERAS_SKIPINIT_CI") == "1"
 
 
+def require_module(name, install):
+    """An optional package: skip without it, fail instead where it must be there (CI)."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        message = f"needs {name}: {install}"
+        if REQUIRE_ALL:
+            pytest.fail(message + " (KERAS_SKIPINIT_CI=1)")
+        pytest.skip(message)
+
+
 def require_fashion_mnist():
     """The original Fashion-MNIST files from Debian's dataset-fashion-mnist:
     skip without them, fail instead where the data must be there (CI)."""

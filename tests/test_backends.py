@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import REQUIRE_ALL, tf_only
+from conftest import require_module, tf_only
 from keras_skipinit import applications as apps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,11 +29,7 @@ pytestmark = tf_only  # the parent process is the TensorFlow run
 
 
 def require_jax():
-    if importlib.util.find_spec("jax") is None:
-        message = "needs JAX for the backend tests: pip install jax"
-        if REQUIRE_ALL:
-            pytest.fail(message + " (KERAS_SKIPINIT_CI=1)")
-        pytest.skip(message)
+    require_module("jax", "pip install jax (the backend tests)")
 
 
 def run_tensorflow(args, timeout=900):

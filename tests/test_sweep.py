@@ -267,3 +267,53 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypa
         assert training.precision_warning("none") is None
         warning = training.precision_warning("bfloat16")
         assert (warning is None) == native and (native or "emulated" in warning)
+
+
+class _LastInFirstOut:
+    """An executor that takes every pending run at once (a round, as Ray
+    does) and finishes them in the reverse order of submission."""
+
+    capacity = 1000
+
+    def __init__(self):
+        self.queue, self.batches, self.waited = [], [], True
+
+    def submit(self, ident, config):
+        if self.waited:  # the runs submitted between two results
+            self.batches.append([])
+        self.waited = False
+        self.batches[-1].append(ident)
+        self.queue.append((ident, config))
+
+    def wait(self):
+        from keras_skipinit import executors
+
+        self.waited = True
+        ident, config = self.queue.pop()
+        return ident, executors.execute(config)
+
+    def in_flight(self):
+        return len(self.queue), 0
+
+    def close(self):
+        pass
+
+
+def test_a_sweep_in_parallel_rounds_makes_the_sequential_sweeps_runs_and_tables(tmp_path, monkeypatch):
+    """Runs that do not wait on each other go out together and come back in
+    any order; the grid extension, the best rate and the final seeds are
+    decided from the results alone, so the runs and tables are the same."""
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    args = ["--protocol=converged", "--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-5,-4",
+            "--seeds=2", "--best_k=1", "--extend_grid", "--validation_examples=100", "--final_seeds=2"]
+    sweep.main([*args, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
+    sequential = sorted(calls)
+    calls.clear()
+    executor = _LastInFirstOut()
+    monkeypatch.setattr(sweep, "_executor", lambda _: executor)
+    sweep.main([*args, f"--out={tmp_path}/par", f"--runs_dir={tmp_path}/par_runs"])
+    assert sorted(calls) == sequential
+    assert len(executor.batches[0]) == 8  # both cells' grids (2 rates x 2 seeds) at once
+    assert executor.queue == [] and len(executor.batches) < len(sequential) / 2
+    assert (tmp_path / "seq" / "table.md").read_text() == (tmp_path / "par" / "table.md").read_text()

@@ -1,0 +1,154 @@
+"""Where a sweep's runs execute: in the sweep's own process, one at a time
+(the default, no dependency), or as Ray tasks on a local Ray instance or a
+cluster (`pip install -e ".[ray]"`).
+
+The sweep (`keras_skipinit.sweep`) decides every run and writes every result;
+an executor only runs `training.Config`s and hands back what each run
+returned. Its interface: `capacity` (how many runs it takes at once),
+`submit(ident, config)`, `wait()` -> (ident, outcome) for the next run to
+finish, `in_flight()` -> (running, queued), `close()`.
+"""
+
+import os
+import sys
+import time
+
+
+class RunFailed(RuntimeError):
+    """A run that raised, or whose worker died more often than it may be retried."""
+
+
+def execute(config):
+    """Trains one run here; returns what the sweep records: the results dict,
+    the per-epoch validation curve and the machine that ran it."""
+    from keras_skipinit import machine, run_dir, training
+
+    result = training.train(config)
+    return {"result": result, "curve": run_dir.history_column(config.model_dir, "val_top1"),
+            "machine": machine.describe()}
+
+
+class Sequential:
+    """Each run in this process, one after the other (the sweep re-plans
+    after every run, so the order is the protocol's order)."""
+
+    capacity = 1
+
+    def __init__(self):
+        self._queue = []
+
+    def submit(self, ident, config):
+        self._queue.append((ident, config))
+
+    def wait(self):
+        import keras
+
+        ident, config = self._queue.pop(0)
+        keras.backend.clear_session()
+        return ident, execute(config)
+
+    def in_flight(self):
+        return len(self._queue), 0
+
+    def close(self):
+        pass
+
+
+# Another process may still hold a run's model_dir for a moment after its
+# driver died (Ray reaps a dead job's workers asynchronously): a retried run
+# waits for the lock this long before it gives up.
+LOCK_WAIT_S = 300
+
+
+def _ray_run(config, env):
+    """A Ray task: one run in a fresh worker process (max_calls=1, so no
+    TensorFlow or Keras state carries over and GPU memory is freed)."""
+    os.environ.update(env)
+    from keras_skipinit import run_dir
+
+    deadline = time.time() + LOCK_WAIT_S
+    while True:
+        try:
+            return execute(config)
+        except run_dir.ModelDirInUse:
+            if time.time() > deadline:
+                raise
+            time.sleep(5)
+
+
+class Ray:
+    """Each run a Ray task with its own resources (`cpus_per_run`,
+    `gpus_per_run`): Ray queues what the cluster cannot run yet. A task whose
+    worker dies (kill -9, a lost node) is retried up to `max_retries` times
+    and resumes from the checkpoint in its model_dir, so model_dirs must be on
+    storage every node reads and writes. Runs see the driver's KERAS_BACKEND
+    (and TF_CPP_MIN_LOG_LEVEL); on CPU, TensorFlow's thread pools are sized
+    to `cpus_per_run`."""
+
+    capacity = sys.maxsize
+
+    def __init__(self, address=None, cpus_per_run=1, gpus_per_run=0, max_retries=3):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("--executor=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)") from None
+        self._ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        self._need = {"CPU": cpus_per_run, "GPU": gpus_per_run}
+        env = {name: os.environ[name] for name in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL") if name in os.environ}
+        if not gpus_per_run:
+            threads = str(max(1, int(cpus_per_run)))
+            env.update(TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
+        self._env = env
+        self._task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_calls=1, max_retries=max_retries,
+                                retry_exceptions=False)(_ray_run)
+        self._refs = {}
+        self.max_retries = max_retries
+
+    def submit(self, ident, config):
+        self._refs[self._task.remote(config, self._env)] = ident
+
+    def wait(self):
+        ray = self._ray
+        ready, _ = ray.wait(list(self._refs), num_returns=1)
+        ident = self._refs.pop(ready[0])
+        try:
+            return ident, ray.get(ready[0])
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            if isinstance(cause, ValueError):
+                raise cause from None  # a bad setting: the sweep's one-line error
+            raise RunFailed(f"run {_name(ident)} failed in its Ray worker: {e}") from None
+        except ray.exceptions.RayError as e:
+            raise RunFailed(f"run {_name(ident)}: its worker died {self.max_retries + 1} times "
+                            f"({type(e).__name__}); rerun the sweep to resume it") from None
+
+    def slots(self):
+        """How many runs the cluster can hold at once (its resources over a run's)."""
+        total = self._ray.cluster_resources()
+        fits = [int(total.get(name, 0) // amount) for name, amount in self._need.items() if amount]
+        return min(fits) if fits else len(self._refs)
+
+    def in_flight(self):
+        running = min(len(self._refs), self.slots())
+        return running, len(self._refs) - running
+
+    def close(self):
+        """Disconnects; stops the local Ray instance if this process started one
+        (a cluster's runs of this driver are cancelled: rerun to resume)."""
+        if self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+def _name(ident):
+    key, depth, lr, seed, phase = ident
+    return f"{key} depth {depth} lr {lr:.6g} seed {seed}" + (" (final)" if phase == "final" else "")
+
+
+def make(name, **options):
+    if name == "sequential":
+        return Sequential()
+    if name == "ray":
+        return Ray(**options)
+    raise ValueError(f"unknown executor {name!r}; choose sequential or ray")

@@ -1,0 +1,119 @@
+"""The sweep on Ray (`--executor=ray`, issue 23): a local Ray instance per
+test (`--ray_address=local`), tiny real runs, the driver in a process group
+of its own so that what a killed driver leaves behind is cleaned up."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import require_module
+from keras_skipinit import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--depths=10", "--seeds=1", "--best_k=1", "--protocol=depth", "--lrs=0.05"]
+
+
+def require_ray():
+    require_module("ray", 'pip install -e ".[ray]"')
+
+
+def start(args, out, log):
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "keras_skipinit.sweep", "--executor=ray", "--ray_address=local", *args,
+         f"--out={out}", f"--runs_dir={out}_runs"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+
+
+def kill_session(proc):
+    """SIGKILL to every process of the driver's session: the driver, the local
+    Ray instance it started and its workers (Ray puts each worker in a
+    process group of its own, but not in a session of its own)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                session = int(f.read().rsplit(")", 1)[1].split()[3])
+            if session == proc.pid:
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+
+
+def wait_for(predicate, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, "the sweep ended before the moment the test waits for"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def checkpoints(runs_dir):
+    found = []
+    for root, dirs, _ in os.walk(runs_dir):
+        found += [os.path.join(root, d) for d in dirs if d.startswith("ckpt-")]
+    return found
+
+
+def lines(out):
+    path = os.path.join(out, "runs.jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(tmp_path):
+    require_ray()
+    out = tmp_path / "sweep"
+    with open(tmp_path / "log", "w") as log:
+        proc = start([*TINY, "--methods=skipinit", "--epochs=3", "--steps_per_epoch=10"], out, log)
+    try:
+        wait_for(lambda: checkpoints(f"{out}_runs"), proc)  # epoch 1 done
+        holder = open(os.path.join(f"{out}_runs", "skipinit_d10_lr0.05_s0", ".lock")).read()
+        os.kill(int(holder.split()[1]), signal.SIGKILL)  # "process PID on HOST (...)"
+        assert proc.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+    (run,) = lines(out)
+    assert run["status"] == "completed" and run["results"]["epochs_completed"] == 3
+    assert "Resuming from epoch 2" in (tmp_path / "log").read_text()
+
+
+def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
+    """A 4-run sweep on Ray whose driver is killed mid-run: the same command
+    again completes it (finished runs kept, cut-off runs resumed), and its
+    runs equal those of the sequential sweep (same seeds, within round-off)."""
+    require_ray()
+    out = tmp_path / "ray"
+    args = ["--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-4,-3", "--seeds=1", "--best_k=1",
+            "--epochs=2", "--steps_per_epoch=5"]
+    with open(tmp_path / "log1", "w") as log:
+        first = start(args, out, log)
+    try:
+        wait_for(lambda: checkpoints(f"{out}_runs"), first)  # mid-run
+        kill_session(first)  # the driver with its Ray instance, at once (Ray would reap its workers in ~4 s)
+        first.wait(timeout=60)
+    finally:
+        kill_session(first)
+    assert len(lines(out)) < 4
+    with open(tmp_path / "log2", "w") as log:
+        second = start(args, out, log)
+    try:
+        assert second.wait(timeout=600) == 0, (tmp_path / "log2").read_text()[-3000:]
+    finally:
+        kill_session(second)
+    log2 = (tmp_path / "log2").read_text()
+    assert "Resuming from epoch 2" in log2 and "0 running, 0 queued" in log2
+    sweep.main([*args, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
+    by_run = {}
+    for name in ("seq", "ray"):
+        for run in lines(tmp_path / name):
+            by_run.setdefault((run["method"], run["lr"], run["seed"]), {})[name] = run
+    assert len(by_run) == 4 and all(len(pair) == 2 for pair in by_run.values())  # each run once
+    for pair in by_run.values():
+        assert pair["ray"]["status"] == pair["seq"]["status"] == "completed"
+        assert pair["ray"]["test_top1"] == pytest.approx(pair["seq"]["test_top1"], abs=2e-3)
+        assert pair["ray"]["train_cross_entropy"] == pytest.approx(pair["seq"]["train_cross_entropy"], rel=1e-3)
