@@ -15,7 +15,12 @@ import time
 
 
 class RunFailed(RuntimeError):
-    """A run that raised, or whose worker died more often than it may be retried."""
+    """A run that raised, or whose worker died more often than it may be
+    retried; `ident` names the run (the sweep words the message)."""
+
+    def __init__(self, ident, reason):
+        super().__init__(reason)
+        self.ident = ident
 
 
 def execute(config):
@@ -119,10 +124,10 @@ class Ray:
             cause = e.as_instanceof_cause()
             if isinstance(cause, ValueError):
                 raise cause from None  # a bad setting: the sweep's one-line error
-            raise RunFailed(f"run {_name(ident)} failed in its Ray worker: {e}") from None
+            raise RunFailed(ident, f"failed in its Ray worker: {e}") from None
         except ray.exceptions.RayError as e:
-            raise RunFailed(f"run {_name(ident)}: its worker died {self.max_retries + 1} times "
-                            f"({type(e).__name__}); rerun the sweep to resume it") from None
+            raise RunFailed(ident, f"its worker died {self.max_retries + 1} times ({type(e).__name__}); "
+                                   "rerun the sweep to resume it") from None
 
     def slots(self):
         """How many runs the cluster can hold at once (its resources over a run's)."""
@@ -139,11 +144,6 @@ class Ray:
         (a cluster's runs of this driver are cancelled: rerun to resume)."""
         if self._ray.is_initialized():
             self._ray.shutdown()
-
-
-def _name(ident):
-    key, depth, lr, seed, phase = ident
-    return f"{key} depth {depth} lr {lr:.6g} seed {seed}" + (" (final)" if phase == "final" else "")
 
 
 def make(name, **options):

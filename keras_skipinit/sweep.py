@@ -392,15 +392,20 @@ def run_sweep(args):
             running, queued = executor.in_flight()
             finished, left = done_before + new, _runs_left(args, done)
             eta = (time.time() - start) / new * left  # this sweep's throughput so far
-            key, depth, lr, seed, phase = ident
             acc = "—" if run["test_top1"] is None else f"{100 * run['test_top1']:.1f}%"
             busy = f"{running} running, {queued} queued; " if args.executor != "sequential" else ""
-            print(f"[{finished}/{finished + left}] {key} depth {depth} lr {lr_label(lr)} seed {seed}"
-                  f"{' (final)' if phase == FINAL else ''}: {run['status']}, {run['eval_split']} {acc}, "
+            print(f"[{finished}/{finished + left}] {_run_label(ident)}: {run['status']}, {run['eval_split']} {acc}, "
                   f"{run['wall_time_s']:.0f} s; {busy}about {eta / 60:.0f} min left", flush=True)
+    except executors.RunFailed as e:
+        raise ValueError(f"run {_run_label(e.ident)}: {e}") from None
     finally:
         executor.close()
     return list(done.values())
+
+
+def _run_label(ident):
+    key, depth, lr, seed, phase = ident
+    return f"{key} depth {depth} lr {lr_label(lr)} seed {seed}" + (" (final)" if phase == FINAL else "")
 
 
 def _executor(args):
@@ -765,7 +770,7 @@ def main(argv=None):
                                  "run the sweep without --report_only first")
         else:
             runs = run_sweep(args)
-    except (ValueError, executors.RunFailed) as e:
+    except ValueError as e:
         print(f"python -m keras_skipinit.sweep: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(report(runs, args))

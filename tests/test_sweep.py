@@ -317,3 +317,18 @@ def test_a_sweep_in_parallel_rounds_makes_the_sequential_sweeps_runs_and_tables(
     assert len(executor.batches[0]) == 8  # both cells' grids (2 rates x 2 seeds) at once
     assert executor.queue == [] and len(executor.batches) < len(sequential) / 2
     assert (tmp_path / "seq" / "table.md").read_text() == (tmp_path / "par" / "table.md").read_text()
+
+
+def test_a_run_that_fails_in_its_executor_is_a_one_line_error_naming_it(tmp_path, monkeypatch, capsys):
+    from keras_skipinit import executors
+
+    class Failing(_LastInFirstOut):
+        def wait(self):
+            ident, _ = self.queue.pop()
+            raise executors.RunFailed(ident, "its worker died 4 times (WorkerCrashedError); rerun the sweep")
+
+    monkeypatch.setattr(sweep, "_executor", lambda _: Failing())
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-4", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
+    assert exit_info.value.code == 2
+    assert "error: run skipinit depth 10 lr 2^-4 seed 0: its worker died 4 times" in capsys.readouterr().err
