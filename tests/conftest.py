@@ -83,16 +83,10 @@ def require_fashion_mnist():
     return FASHION_MNIST_DIR
 
 
-@pytest.fixture(scope="session")
-def fashion_mnist_data_dir(tmp_path_factory):
-    """A TFDS data_dir with fashion_mnist prepared by TFDS's own builder from
-    the local files (about 15 s, once per test session)."""
-    require_fashion_mnist()
-    from keras_skipinit import data
-
-    data_dir = str(tmp_path_factory.mktemp("tfds"))
-    data.load("fashion_mnist", data_dir)
-    return data_dir
+def session_dir(tmp_path_factory):
+    """The test session's temporary folder, one for all pytest-xdist workers."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
 
 
 @pytest.fixture

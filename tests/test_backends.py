@@ -16,16 +16,31 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import require_module, tf_only
+from conftest import require_module, session_dir, tf_only
 from keras_skipinit import applications as apps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_SUBSET = ["tests/test_layers.py", "tests/test_applications.py", "tests/test_lsuv.py", "tests/test_analysis.py",
               "tests/test_nf.py", "tests/test_looped.py", "tests/test_cifar_resnet.py"]
-# The slowest builds and checks whose code paths the rest already run under JAX (CI time).
+# The slowest builds and checks whose code paths the rest already run under JAX, and checks
+# that do not depend on the backend (parameter counts, refusals) (CI time).
 JAX_DESELECT = ("not resnet50_matches_keras_applications and not 1000_layer and not deeper_resnets_use_the_same"
-                " and not kernels_are_scaled_orthonormal and not write_and_cli and not bottleneck_resnets_loop")
+                " and not kernels_are_scaled_orthonormal and not write_and_cli and not bottleneck_resnets_loop"
+                " and not wide_resnet_structure_and_parameter_count and not models_with_normalization_are_refused"
+                " and not same_weights[batchnorm-False]")
 pytestmark = tf_only  # the parent process is the TensorFlow run
+
+
+JAX_CACHE = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_compilation_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for the test session's JAX
+    processes: each compiles the same small programs (a jitted program per
+    variable initializer, the train and test steps of WRN-10-1), and on CPU
+    compiling is most of their time."""
+    JAX_CACHE.append(str(session_dir(tmp_path_factory) / "jax_cache"))
 
 
 def require_jax():
@@ -37,9 +52,14 @@ def run_tensorflow(args, timeout=900):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def run_jax(args, timeout=900, devices=1):
+def run_jax(args, timeout=900, devices=1, fast_compile=False):
+    """A JAX process on `devices` host devices. fast_compile: XLA's backend
+    optimizations off (half the time of the test files below, whose programs
+    are tiny; the end-to-end tests keep the defaults users run with)."""
+    xla_flags = f"--xla_force_host_platform_device_count={devices}"
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT,
-           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags + " --xla_backend_optimization_level=0" * fast_compile,
+           "JAX_COMPILATION_CACHE_DIR": JAX_CACHE[-1], "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
@@ -47,7 +67,8 @@ def run_jax(args, timeout=900, devices=1):
 def test_model_and_layer_tests_pass_under_jax(test_file):
     """One JAX process per file, so that `pytest -n` spreads them over the cores."""
     require_jax()
-    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", JAX_DESELECT, test_file], devices=2)
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", JAX_DESELECT, test_file], devices=2,
+                   fast_compile=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
@@ -236,7 +257,7 @@ JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads 
 def test_training_tests_pass_under_jax(test_file, select):
     require_jax()
     proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", select, test_file], devices=2,
-                   timeout=1800)
+                   timeout=1800, fast_compile=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 

@@ -1,5 +1,6 @@
 """The real TFDS prepare path (not `tfds.testing.mock_data`, which skips it)."""
 
+import fcntl
 import gzip
 import json
 import os
@@ -10,11 +11,43 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from conftest import require_fashion_mnist
+from conftest import require_fashion_mnist, session_dir
 from keras_skipinit import data, tfds_prepare, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFLINE = "import socket\ndef _offline(*a, **k): raise socket.gaierror(-2, 'Name or service not known')\nsocket.create_connection = _offline\n"
+
+
+def run_train_offline(*flags):
+    code = OFFLINE + "import runpy, sys\nsys.argv = ['train.py'] + sys.argv[1:]\nrunpy.run_path('train.py', run_name='__main__')\n"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_first_run(tmp_path_factory):
+    """A new user's first command, offline: train.py --dataset=fashion_mnist
+    on an empty data_dir, so that TFDS's own builder prepares fashion_mnist
+    from the local files with the network cut off. Once per test session,
+    shared by pytest-xdist's workers (a lock file); (data_dir, outcome)."""
+    require_fashion_mnist()
+    root = session_dir(tmp_path_factory)
+    data_dir, outcome = root / "fashion_mnist_tfds", root / "fashion_mnist_first_run.json"
+    with open(root / "fashion_mnist_first_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not outcome.exists():
+            proc = run_train_offline("--dataset=fashion_mnist", f"--data_dir={data_dir}", "--train_examples=512",
+                                     "--epochs=1", "--steps_per_epoch=4", "--depth=10", "--verbose=0",
+                                     f"--model_dir={root / 'fashion_mnist_first_run'}")
+            outcome.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}))
+    return str(data_dir), json.loads(outcome.read_text())
+
+
+@pytest.fixture
+def fashion_mnist_data_dir(fashion_mnist_first_run):
+    data_dir, outcome = fashion_mnist_first_run
+    assert outcome["returncode"] == 0, outcome["stderr"][-2000:]
+    return data_dir
 
 
 def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_mnist_data_dir):
@@ -101,12 +134,6 @@ def test_unknown_dataset_suggests_close_names():
     assert len(str(info.value)) < 300
 
 
-def run_train_offline(*flags):
-    code = OFFLINE + "import runpy, sys\nsys.argv = ['train.py'] + sys.argv[1:]\nrunpy.run_path('train.py', run_name='__main__')\n"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-
-
 def test_cli_cifar10_offline_is_one_line_no_traceback(tmp_path):
     proc = run_train_offline("--dataset=cifar10", f"--data_dir={tmp_path}/tfds", f"--model_dir={tmp_path}/run")
     assert proc.returncode == 2
@@ -115,9 +142,10 @@ def test_cli_cifar10_offline_is_one_line_no_traceback(tmp_path):
     assert len(errors) == 1 and "--data_dir" in errors[0], proc.stderr[-2000:]
 
 
-def test_cli_fashion_mnist_offline(tmp_path):
-    require_fashion_mnist()
-    proc = run_train_offline("--dataset=fashion_mnist", f"--data_dir={tmp_path}/tfds", "--train_examples=512",
-                             "--epochs=1", "--steps_per_epoch=4", "--depth=10", "--verbose=0", f"--model_dir={tmp_path}/run")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Test accuracy" in proc.stdout and "on 10000 held-out images" in proc.stdout
+def test_cli_fashion_mnist_offline(fashion_mnist_first_run):
+    """train.py on an empty data_dir, the network cut off, prepares the
+    dataset from Debian's files and trains (the session's first run, above)."""
+    _, outcome = fashion_mnist_first_run
+    assert outcome["returncode"] == 0, outcome["stderr"][-2000:]
+    assert "Traceback" not in outcome["stderr"]
+    assert "Test accuracy" in outcome["stdout"] and "on 10000 held-out images" in outcome["stdout"]
