@@ -103,6 +103,14 @@ PRESETS = {
         seeds=1, best_k=1, extend_grid=True, final_seeds=3, epochs=12, schedule="cifar", batch_size=128,
         dataset="fashion_mnist", bn_momentum=0.9, validation_examples=5000, mixed_precision="auto",
     ),
+    # Step 3, the deep row: WRN-100-1 (unrolled: as fast per step as looped here, benchmarks/README.md) at the
+    # rates step 2 chose at depth 16 (no selection at depth 100), 2 seeds, step 2's training settings.
+    "table1_converged_deep": dict(
+        protocol="converged", depths="100", width=1, methods="batchnorm,skipinit",
+        chosen_log2_lrs="batchnorm=-4,skipinit=-5", seeds=1, best_k=1, extend_grid=False, final_seeds=2,
+        epochs=12, schedule="cifar", batch_size=128, dataset="fashion_mnist", bn_momentum=0.9,
+        validation_examples=5000, mixed_precision="auto",
+    ),
 }
 NOT_RUN = "not run"
 SELECT, FINAL = "select", "final"  # converged protocol: runs that choose the lr, runs reported on the test set

@@ -252,6 +252,16 @@ def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypa
     assert cell["mean"] == pytest.approx(0.6005) and cell["std"] == pytest.approx(0.0005) and cell["lr"] == 2.0**-4
 
 
+def test_deep_row_preset_trains_the_depth_16_settings_at_depth_100_without_selection():
+    deep, wrn16 = sweep.parse_args(["--preset=table1_converged_deep"]), sweep.parse_args(["--preset=table1_converged"])
+    assert (deep.depths, deep.width, deep.methods) == ([100], 1, ["batchnorm", "skipinit"])
+    for name in ("epochs", "schedule", "batch_size", "dataset", "bn_momentum", "mixed_precision", "protocol"):
+        assert getattr(deep, name) == getattr(wrn16, name), name
+    assert [(key, depth, round(math.log2(lr)), seed, phase) for key, depth, lr, seed, phase in sweep.pending_runs(deep, {})] == [
+        ("batchnorm", 100, -4, 0, "final"), ("batchnorm", 100, -4, 1, "final"),
+        ("skipinit", 100, -5, 0, "final"), ("skipinit", 100, -5, 1, "final")]
+
+
 def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypatch):
     avx2 = tmp_path / "avx2"
     avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n")
