@@ -258,9 +258,17 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     return ds.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
 
-def eval_pipeline(dataset, batch_size):
+def eval_pipeline(dataset, batch_size, whole_batches=False):
+    """(image, one-hot label) batches of the evaluation split. whole_batches:
+    (image, label, weight) with copies of weight 0 that fill the last batch
+    (the metrics are weighted: they see only the real examples)."""
     ds = dataset.test.map(
         lambda image, label: (eval_preprocess(dataset, image), tf.one_hot(label, dataset.num_classes)),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
+    if whole_batches:
+        fill = -dataset.num_test % batch_size
+        ds = ds.map(lambda image, label: (image, label, 1.0)).concatenate(
+            ds.repeat().take(fill).map(lambda image, label: (image, label, 0.0))
+        )
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)

@@ -7,9 +7,10 @@ uses only its `scope()` and `num_replicas_in_sync`, plus the functions below.
   `prepare_model`). Each replica runs the model on its own part of
   the batch; gradients are all-reduced.
 - JAX: keras.distribution. `DataParallel` over the local devices of one
-  process (several processes are refused for now, see `_jax_strategy`). One
-  program runs on the global batch, split over the devices: gradients equal
-  one device's on that batch.
+  process, or over every device of several processes started with
+  KERAS_DISTRIBUTION_* (keras.distribution.initialize). One program runs on
+  the global batch, split over the devices: gradients equal one device's on
+  that batch.
 
 Batch statistics differ in one respect. TensorFlow's replicas each normalize
 their own part of the batch. Under JAX, `BatchNormalization` sees the global
@@ -75,10 +76,11 @@ def make_strategy(name):
 class JaxDataParallel:
     """keras.distribution.DataParallel over `devices` (no distribution for
     one device), shaped like the part of tf.distribute.Strategy that
-    training uses."""
+    training uses; `processes` > 1: the devices of that many processes."""
 
-    def __init__(self, devices):
+    def __init__(self, devices, processes=1):
         self.devices = list(devices)
+        self.processes = processes
         self.num_replicas_in_sync = len(self.devices)
         self.distribution = keras.distribution.DataParallel(devices=self.devices) if len(self.devices) > 1 else None
 
@@ -86,20 +88,56 @@ class JaxDataParallel:
         return self.distribution.scope() if self.distribution else contextlib.nullcontext()
 
 
+PROCESS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID", "KERAS_DISTRIBUTION_JOB_ADDRESSES")
+
+
 def _jax_strategy(name):
-    """One process, all its devices. Many processes (keras.distribution.
-    initialize) are refused for now: tried on localhost with 2 processes,
-    Keras' per-process sharding split the 1,000 evaluation images unevenly
-    (63 and 62 batches) and evaluation deadlocked."""
+    """One process: all its devices. Several processes (every one started
+    with the KERAS_DISTRIBUTION_* variables that keras.distribution.initialize
+    reads): all devices of all processes, process 0 the chief."""
     import jax
 
     _hide_gpus_from_tensorflow()
-    if name == "multi_worker" or int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
-        raise ValueError("training over several JAX processes (keras.distribution.initialize) is not supported yet: "
-                         "train on one host's devices, or on TensorFlow with TF_CONFIG (MultiWorkerMirroredStrategy)")
+    processes = _jax_processes()
+    if name == "multi_worker" and processes < 2:
+        raise ValueError(
+            "strategy=multi_worker on JAX needs every process started with KERAS_DISTRIBUTION_NUM_PROCESSES (> 1), "
+            "KERAS_DISTRIBUTION_PROCESS_ID and KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's host:port)"
+        )
+    if processes > 1:
+        if name == "one_device":
+            raise ValueError(f"strategy=one_device contradicts {PROCESS_ENV[0]}={processes}: unset it, or use auto")
+        _initialize_jax_processes()
+        return JaxDataParallel(jax.devices(), processes)
     if name == "one_device":
         return JaxDataParallel(jax.local_devices()[:1])
     return JaxDataParallel(jax.local_devices())
+
+
+def _jax_processes():
+    value = os.environ.get(PROCESS_ENV[0], "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{PROCESS_ENV[0]} must be an integer, got {value!r}") from None
+
+
+_JAX_INITIALIZED = []
+
+
+def _initialize_jax_processes():
+    """keras.distribution.initialize (jax.distributed) once per process, with
+    gloo for the collectives between CPU processes (JAX has none by default)."""
+    if _JAX_INITIALIZED:
+        return
+    missing = [name for name in PROCESS_ENV[1:] if not os.environ.get(name)]
+    if missing:
+        raise ValueError(f"{PROCESS_ENV[0]}={_jax_processes()} also needs {' and '.join(missing)} in every process")
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    keras.distribution.initialize()
+    _JAX_INITIALIZED.append(True)
 
 
 def _hide_gpus_from_tensorflow():
@@ -160,7 +198,7 @@ def _mirrored(devices):
 
 def is_multi_worker(strategy):
     if isinstance(strategy, JaxDataParallel):
-        return False
+        return strategy.processes > 1
     import tensorflow as tf
 
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
@@ -171,6 +209,10 @@ def is_chief(strategy):
     task (one process: itself)."""
     if not is_multi_worker(strategy):
         return True
+    if isinstance(strategy, JaxDataParallel):
+        import jax
+
+        return jax.process_index() == 0
     resolver = strategy.cluster_resolver
     return resolver.task_type == "chief" or (
         resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
@@ -180,6 +222,8 @@ def is_chief(strategy):
 def num_workers(strategy):
     if not is_multi_worker(strategy):
         return 1
+    if isinstance(strategy, JaxDataParallel):
+        return strategy.processes
     spec = strategy.cluster_resolver.cluster_spec().as_dict()
     return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
 
@@ -196,7 +240,7 @@ def prepare_model(model, strategy):
        which fails for scalar metrics. Returning them as shape-[1] vectors
        makes that reduction the mean over replicas, a scalar.
     """
-    if not is_multi_worker(strategy):
+    if not is_multi_worker(strategy) or isinstance(strategy, JaxDataParallel):
         return
     import tensorflow as tf
 
@@ -209,6 +253,15 @@ def prepare_model(model, strategy):
     model._distribute_strategy = None
     model.train_step = vectorize(model.train_step)
     model.test_step = vectorize(model.test_step)
+
+
+def pads_evaluation(strategy):
+    """Whether the evaluation set must come in whole global batches: over
+    several JAX processes Keras splits each batch between them
+    (`DataParallel.distribute_dataset`), so a last, partial batch goes to
+    some processes only, and the others wait for it forever. Training then
+    pads it with examples of weight 0 (`data.eval_pipeline`)."""
+    return isinstance(strategy, JaxDataParallel) and strategy.processes > 1
 
 
 def model_batch(strategy, batch):

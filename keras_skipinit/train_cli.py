@@ -100,7 +100,8 @@ flags.DEFINE_enum(
     "strategy", _D.strategy, training.STRATEGIES,
     "TensorFlow: auto is MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the "
     "same flags; task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device. JAX: auto and mirrored "
-    "are keras.distribution.DataParallel over all local devices (one process; multi_worker is TensorFlow's).",
+    "are keras.distribution.DataParallel over all local devices; with KERAS_DISTRIBUTION_NUM_PROCESSES > 1 (and "
+    "_PROCESS_ID, _JOB_ADDRESSES) over every device of that many processes, process 0 writing model_dir.",
 )
 flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).")
 flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")

@@ -12,7 +12,8 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
   `ScalarLRSGD`).
 - On TensorFlow: MirroredStrategy over visible GPUs; MultiWorkerMirroredStrategy
   from TF_CONFIG. On JAX: keras.distribution.DataParallel over the local
-  devices of one process (several processes are refused for now). All of it
+  devices of one process, or over several processes (KERAS_DISTRIBUTION_*).
+  All of it
   in `distribute`; the chief writes model_dir, other workers write the same
   files to a scratch directory that is then deleted.
 - Checkpoints every epoch and every `checkpoint_steps` steps; a killed run
@@ -187,7 +188,7 @@ def compiled_model(config, dataset, steps_per_epoch):
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(),
-        metrics=[
+        weighted_metrics=[  # = metrics without sample weights; weighted: the padding of data.eval_pipeline
             keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
             keras.metrics.CategoricalAccuracy(name="top1"),
             keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
@@ -388,7 +389,7 @@ def _train(config, strategy, out_dir, start):
     _truncate_history(history_path, epoch)  # rows past a checkpoint that was not readable
     if restored and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
-    eval_ds = data_lib.eval_pipeline(dataset, micro_batch)
+    eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))

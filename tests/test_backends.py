@@ -247,7 +247,7 @@ JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads 
     ("tests/test_training.py", "two_devices or gradient_accumulation_equals"),
     ("tests/test_training.py", "ghost_batches or mock_cifar10 or reported_test_metrics"),
     ("tests/test_training.py", "l2_term or scalar_lr or fixup_scalars or bad_configs or batch_larger "
-                               "or schedule_follows or multi_worker"),
+                               "or schedule_follows or multi_worker or two_worker"),
     ("tests/test_run_dir.py", "another_method or whole_directories or kill_during_a_save or unreadable_newest "
                               "or no_readable_checkpoint"),
 ]
