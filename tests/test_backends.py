@@ -297,6 +297,20 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
                                np.load(tmp_path / "jax_probabilities.npy"), atol=1e-5)
 
 
+def test_the_sweep_runs_on_jax(tmp_path):
+    """The sweep trains through the same `training.train`: its runs record
+    the JAX backend, and a second call resumes (nothing left to run)."""
+    require_jax()
+    command = ["-m", "keras_skipinit.sweep", "--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1",
+               "--best_k=1", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}/out", f"--runs_dir={tmp_path}/runs"]
+    proc = run_jax(command, timeout=600, fast_compile=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [json.loads(line) for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
+    assert (run["status"], run["results"]["backend"], run["results"]["epochs_completed"]) == ("completed", "jax", 1)
+    proc = run_jax(command, timeout=600, fast_compile=True)
+    assert proc.returncode == 0 and len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 1
+
+
 def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     """Checkpoints are Keras weight files (model and optimizer state): a run
     that trained its first epoch on TensorFlow continues on JAX from there,
