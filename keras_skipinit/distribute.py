@@ -107,7 +107,7 @@ def _jax_strategy(name):
     if processes > 1:
         if name == "one_device":
             raise ValueError(f"strategy=one_device contradicts {PROCESS_ENV[0]}={processes}: unset it, or use auto")
-        _initialize_jax_processes()
+        _initialize_jax_processes(processes)
         return JaxDataParallel(jax.devices(), processes)
     if name == "one_device":
         return JaxDataParallel(jax.local_devices()[:1])
@@ -125,14 +125,14 @@ def _jax_processes():
 _JAX_INITIALIZED = []
 
 
-def _initialize_jax_processes():
+def _initialize_jax_processes(processes):
     """keras.distribution.initialize (jax.distributed) once per process, with
     gloo for the collectives between CPU processes (JAX has none by default)."""
     if _JAX_INITIALIZED:
         return
     missing = [name for name in PROCESS_ENV[1:] if not os.environ.get(name)]
     if missing:
-        raise ValueError(f"{PROCESS_ENV[0]}={_jax_processes()} also needs {' and '.join(missing)} in every process")
+        raise ValueError(f"{PROCESS_ENV[0]}={processes} also needs {' and '.join(missing)} in every process")
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
