@@ -51,6 +51,8 @@ METHODS = {
     "sqrt2": ("Divide residual block by sqrt(2)", dict(normalization="sqrt2")),
     "none": ("No normalization, no scaling", dict(normalization="none")),
     "fixup": ("Fixup", dict(normalization="fixup")),
+    # The Fixup authors' exact CIFAR network: their stem keeps PyTorch's default init (cifar_resnet only).
+    "fixup_torch_stem": ("Fixup, stem at PyTorch's default init", dict(normalization="fixup", stem_init="pytorch_default")),
     "lsuv": ("LSUV, no normalization", dict(normalization="none", lsuv=True)),
     "regularized_skipinit": ("Regularized SkipInit", dict(normalization="regularized_skipinit")),
     "nf": ("NF-ResNet", dict(normalization="nf")),
@@ -78,7 +80,7 @@ PRESETS = {
     # Fig. 3 with one epoch of all 60,000 images (468 updates, near CIFAR-10's 390), on both architectures:
     # the Fixup authors' CIFAR ResNet and WRN-n-1. Budget: docs/fixup_fig3/README.md.
     "fixup_fig3_cifar_resnet": dict(
-        protocol="depth", model="cifar_resnet", depths="20,56,110", methods="batchnorm,fixup,skipinit,sqrt2",
+        protocol="depth", model="cifar_resnet", depths="20,56,110", methods="batchnorm,fixup,skipinit,sqrt2,fixup_torch_stem",
         lrs="0.1", seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
         dataset="fashion_mnist", bn_momentum=0.9,
     ),
@@ -380,6 +382,7 @@ def run_sweep(args):
     if others:
         raise ValueError(f"{log_path} holds runs of --model={others[0]}, not --model={args.model}: "
                          "give this sweep an --out of its own")
+    _check_cells(args)
     executor = _executor(args)
     cells = {(key, depth) for depth in args.depths for key in args.methods}
     done_before = sum((r["method"], r["depth"]) in cells for r in done.values())
@@ -409,6 +412,19 @@ def run_sweep(args):
     finally:
         executor.close()
     return list(done.values())
+
+
+def _check_cells(args):
+    """Refuses, before any run, a method that train.py would refuse on this
+    model (e.g. nf on a post-activation network): not hours into the sweep."""
+    from keras_skipinit import training
+
+    for key in args.methods:
+        for depth in args.depths:
+            try:
+                training.validate(_config(args, key, depth, args.lrs[0], 0))
+            except ValueError as e:
+                raise ValueError(f"--methods={key} at depth {depth} with --model={args.model}: {e}") from None
 
 
 def _run_label(ident):

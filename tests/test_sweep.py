@@ -126,18 +126,32 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
 
 
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
-    args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup", "--lrs=0.1", "--seeds=1", "--best_k=1",
-            "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
+            "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}",
+            f"--runs_dir={tmp_path}/runs"]
     sweep.main(args)
-    line = json.loads((tmp_path / "runs.jsonl").read_text())
-    assert line["model"] == "cifar_resnet" and line["results"]["config"]["model"] == "cifar_resnet"
-    spec = json.load(open(tmp_path / "runs" / "fixup_d8_lr0.1_s0" / "model_spec.json"))["model"]
-    assert (spec["model"], spec["depth"], spec["normalization"]) == ("cifar_resnet", 8, "fixup")
+    lines = [json.loads(text) for text in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [line["method"] for line in lines] == ["fixup", "fixup_torch_stem"]
+    assert lines[0]["model"] == "cifar_resnet" and lines[0]["results"]["config"]["model"] == "cifar_resnet"
+    specs = [json.load(open(tmp_path / "runs" / f"{key}_d8_lr0.1_s0" / "model_spec.json"))["model"]
+             for key in ("fixup", "fixup_torch_stem")]
+    assert [(s["model"], s["depth"], s["normalization"]) for s in specs] == [("cifar_resnet", 8, "fixup")] * 2
+    assert [s.get("stem_init") for s in specs] == [None, "pytorch_default"]
     capsys.readouterr()
     with pytest.raises(SystemExit):
         sweep.main([*args[1:], "--depths=10"])  # a WRN sweep into the CifarResNet sweep's --out
     assert "holds runs of --model=cifar_resnet" in capsys.readouterr().err
     assert sweep.arch(sweep.parse_args(["--preset=fixup_fig3_cifar_resnet"]), 56) == "ResNet-56 (CIFAR)"
+
+
+@pytest.mark.parametrize("model,depth,method", [("wrn", 10, "fixup_torch_stem"), ("cifar_resnet", 8, "nf")])
+def test_a_method_the_model_refuses_stops_the_sweep_before_any_run(tmp_path, capsys, model, depth, method):
+    with pytest.raises(SystemExit):
+        sweep.main([f"--model={model}", f"--depths={depth}", f"--methods=batchnorm,{method}", "--lrs=0.1", "--seeds=1",
+                    "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}"])
+    err = capsys.readouterr().err
+    assert f"--methods={method} at depth {depth} with --model={model}" in err, err
+    assert not (tmp_path / "runs.jsonl").exists()
 
 
 def test_cli_rejects_bad_settings(tmp_path):
