@@ -102,18 +102,54 @@ def lock(model_dir):
         os.close(fd)  # releases the flock
 
 
-def history_column(model_dir, column):
-    """One column of a run's history.csv, a float per epoch ([] if the run
-    has no history or no such column)."""
-    path = os.path.join(model_dir, HISTORY)
+def _read_history(path):
+    """(header, rows as dicts of strings) of a history.csv; ([], []) if none."""
     if not os.path.exists(path):
-        return []
+        return [], []
     with open(path) as f:
         lines = f.read().strip().splitlines()
+    if not lines:
+        return [], []
     header = lines[0].split(",")
+    return header, [dict(zip(header, line.split(","))) for line in lines[1:]]
+
+
+def _write_history(path, header, rows):
+    with open(path, "w") as f:
+        f.write("\n".join([",".join(header)] + [",".join(row.get(k, "") for k in header) for row in rows]) + "\n")
+
+
+def append_history(model_dir, row):
+    """Appends one epoch's row to history.csv, every row under one header: a
+    row with a column the header lacks rewrites the file with it (earlier
+    rows leave it blank), a row without one leaves its cell blank."""
+    path = os.path.join(model_dir, HISTORY)
+    cells = {k: f"{v:.6g}" if isinstance(v, float) else str(v) for k, v in row.items()}
+    header, rows = _read_history(path)
+    if header and set(cells) <= set(header):
+        with open(path, "a") as f:
+            f.write(",".join(cells.get(k, "") for k in header) + "\n")
+        return
+    _write_history(path, header + [k for k in cells if k not in header], rows + [cells])
+
+
+def truncate_history(model_dir, epoch):
+    """Keeps the header and the rows of epochs up to `epoch` (rows past the
+    checkpoint a run resumes from)."""
+    path = os.path.join(model_dir, HISTORY)
+    header, rows = _read_history(path)
+    kept = [row for row in rows if int(row["epoch"]) <= epoch]
+    if len(kept) < len(rows):
+        _write_history(path, header, kept)
+
+
+def history_column(model_dir, column):
+    """One column of a run's history.csv, a float per epoch (None where the
+    epoch has no value; [] if the run has no history or no such column)."""
+    header, rows = _read_history(os.path.join(model_dir, HISTORY))
     if column not in header:
         return []
-    return [float(line.split(",")[header.index(column)]) for line in lines[1:]]
+    return [float(row[column]) if row.get(column) else None for row in rows]
 
 
 # --- the model a run trains -------------------------------------------------------

@@ -280,11 +280,14 @@ def add_l2(model, coefficient):
 
 
 class TrainingMonitor(keras.callbacks.Callback):
-    """Stops at the first non-finite loss and checkpoints every N steps."""
+    """Stops at the first non-finite loss and checkpoints every N steps,
+    except at the epoch's last step: the epoch-end checkpoint follows its
+    evaluation, and a resume from the last step would find no step to run."""
 
-    def __init__(self, checkpoint, epoch, first_step, every):
+    def __init__(self, checkpoint, epoch, first_step, every, last_step):
         super().__init__()
         self.checkpoint, self.epoch, self.step, self.every = checkpoint, epoch, first_step, every
+        self.last_step = last_step
         self.diverged = None
 
     def on_train_batch_end(self, batch, logs=None):
@@ -293,7 +296,7 @@ class TrainingMonitor(keras.callbacks.Callback):
         if loss is not None and not math.isfinite(float(loss)):
             self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
             self.model.stop_training = True
-        elif self.every and self.step % self.every == 0:
+        elif self.every and self.step % self.every == 0 and self.step < self.last_step:
             distribute.sync_weights(self.model)  # JAX: from the trainer's state
             self.checkpoint.save(self.model, self.epoch, self.step)
 
@@ -385,8 +388,7 @@ def _train(config, strategy, out_dir, start):
             images, _ = next(iter(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed)))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
-    history_path = os.path.join(out_dir, run_dir.HISTORY)
-    _truncate_history(history_path, epoch)  # rows past a checkpoint that was not readable
+    run_dir.truncate_history(out_dir, epoch)  # rows past a checkpoint that was not readable
     if restored and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
@@ -395,30 +397,34 @@ def _train(config, strategy, out_dir, start):
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
-        monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps)
-        train_ds = data_lib.train_pipeline(
-            dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
-        )
-        with strategy.scope():  # multi-worker: the model pins no strategy
-            history = model.fit(
-                train_ds,
-                initial_epoch=epoch,
-                epochs=epoch + 1,
-                steps_per_epoch=micro_steps - skip,
-                validation_data=eval_ds,
-                callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
-                shuffle=False,  # the pipeline shuffles, seeded per epoch
-                verbose=verbose,
+        if skip < micro_steps:
+            monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps, micro_steps)
+            train_ds = data_lib.train_pipeline(
+                dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
             )
-        diverged = monitor.diverged
-        if diverged:
-            break
+            with strategy.scope():  # multi-worker: the model pins no strategy
+                history = model.fit(
+                    train_ds,
+                    initial_epoch=epoch,
+                    epochs=epoch + 1,
+                    steps_per_epoch=micro_steps - skip,
+                    validation_data=eval_ds,
+                    callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
+                    shuffle=False,  # the pipeline shuffles, seeded per epoch
+                    verbose=verbose,
+                )
+            diverged = monitor.diverged
+            if diverged:
+                break
+            logs = {k: v[-1] for k, v in history.history.items()}
+        else:  # a checkpoint at the epoch's last step (versions before issue 32): its updates are done
+            with strategy.scope():
+                logs = {f"val_{k}": v for k, v in model.evaluate(eval_ds, verbose=0, return_dict=True).items()}
         epoch, skip = epoch + 1, 0
         checkpoint.save(model, epoch, 0)
-        row = {"epoch": epoch, "lr": _current_lr(model), **{k: v[-1] for k, v in history.history.items()}}
-        _append_csv(history_path, row)
+        run_dir.append_history(out_dir, {"epoch": epoch, "lr": _current_lr(model), **logs})
         # The validation at the end of the last epoch saw the final weights.
-        final_eval = {k[len("val_"):]: v[-1] for k, v in history.history.items() if k.startswith("val_")}
+        final_eval = {k[len("val_"):]: v for k, v in logs.items() if k.startswith("val_")}
 
     if diverged:
         print(
@@ -526,25 +532,3 @@ def _epochs(n):
 
 def _current_lr(model):
     return float(model.optimizer.learning_rate)  # evaluates the schedule at the current step
-
-
-def _append_csv(path, row):
-    new = not os.path.exists(path)
-    with open(path, "a") as f:
-        if new:
-            f.write(",".join(row) + "\n")
-        f.write(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in row.values()) + "\n")
-
-
-def _truncate_history(path, epoch):
-    """Keeps the header and the rows of epochs up to `epoch`."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = f.read().splitlines()
-    kept = lines[:1] + [line for line in lines[1:] if int(line.split(",")[0]) <= epoch]
-    if len(kept) < len(lines):
-        with open(path, "w") as f:
-            f.write("\n".join(kept) + "\n")
-
-

@@ -319,6 +319,46 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_a_checkpoint_at_an_epochs_last_step_resumes_exactly(tmp_path, monkeypatch):
+    """Issue 32.1: a kill during the end-of-epoch evaluation left the newest
+    checkpoint at (epoch 0, step 4 of 4); the resume applied a 9th update and
+    broke history.csv. No checkpoint is taken there any more; one that an
+    earlier version left (made here: epoch 1's checkpoint under that name,
+    the same weights, then a kill) finishes the epoch without training."""
+    kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="cifar", learning_rate=0.05)
+    straight = training.train(small_config(tmp_path / "straight", **kwargs))
+    config = small_config(tmp_path / "killed", **kwargs)
+    saved, save = [], run_dir.Checkpoint.save
+
+    class Killed(Exception):
+        pass
+
+    def save_then_kill(self, model, epoch, step):
+        saved.append((epoch, step))
+        if (epoch, step) == (1, 0):
+            save(self, model, 0, 4)
+            raise Killed
+        save(self, model, epoch, step)
+
+    monkeypatch.setattr(run_dir.Checkpoint, "save", save_then_kill)
+    with pytest.raises(Killed):
+        training.train(config)
+    assert saved == [(0, 2), (1, 0)]  # none at (0, 4), the epoch's last step
+    monkeypatch.undo()
+
+    resumed = training.train(config)
+    model = keras.models.load_model(os.path.join(config.model_dir, run_dir.MODEL))
+    assert int(model.optimizer.iterations) == 8
+    assert resumed["final_lr"] == pytest.approx(straight["final_lr"])
+    for a, b in zip(final_weights(config.model_dir), final_weights(tmp_path / "straight" / "run")):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    with open(os.path.join(config.model_dir, run_dir.HISTORY)) as f:
+        rows = [line.split(",") for line in f.read().splitlines()]
+    assert [row[0] for row in rows[1:]] == ["1", "2"] and len({len(row) for row in rows}) == 1
+    assert run_dir.history_column(config.model_dir, "val_top1")[-1] == pytest.approx(straight["test_top1"])
+    assert resumed["train_cross_entropy"] == pytest.approx(straight["train_cross_entropy"], rel=1e-4)
+
+
 def _free_ports(n):
     import socket
 
