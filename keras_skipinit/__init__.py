@@ -12,6 +12,7 @@ import importlib
 from keras_skipinit import _startup
 
 if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
+    _startup.check_backend()
     _startup.quiet_start()
 
 # optimizers and schedules register the optimizer and schedule saved in .keras files.

@@ -11,10 +11,14 @@ but those. A user's own TF_CPP_MIN_LOG_LEVEL wins: then nothing is
 filtered.
 """
 
+import importlib.util
+import json
 import os
 import re
 import sys
 import tempfile
+
+TRAINING_BACKENDS = ("tensorflow", "jax")
 
 _NOISE = re.compile(
     r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
@@ -33,6 +37,54 @@ def our_command():
         return module == "export" or module.startswith("keras_skipinit")
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     return script == "train.py" or script.startswith("keras-skipinit-")
+
+
+def _training_command():
+    """train.py and the sweep (export re-runs itself on TensorFlow)."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1] in ("keras_skipinit.sweep", "keras_skipinit.train_cli")
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return script in ("train.py", "keras-skipinit-train")
+
+
+def requested_backend():
+    """The backend Keras will load, read as Keras reads it (KERAS_BACKEND,
+    else keras.json under KERAS_HOME or ~/.keras, else tensorflow), before
+    importing it: Keras' NumPy backend imports JAX, so a refusal that asks
+    Keras would need JAX."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(
+        os.path.expanduser("~") if os.access(os.path.expanduser("~"), os.W_OK) else "/tmp", ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return json.load(f).get("backend", "tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
+def backend_error(backend):
+    """Why training refuses `backend` (also `distribute.check_backend`'s words)."""
+    return (f"training runs on the TensorFlow or JAX backend; this process uses Keras backend {backend!r} "
+            "(KERAS_BACKEND or ~/.keras/keras.json): run with KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax")
+
+
+def check_backend():
+    """For our training commands, before Keras loads: a backend they do not
+    run on, or JAX without the jax package, is one line and exit status 2."""
+    if not _training_command():
+        return
+    backend, error = requested_backend(), None
+    if backend not in TRAINING_BACKENDS:
+        error = backend_error(backend)
+    elif backend == "jax" and importlib.util.find_spec("jax") is None:
+        error = 'KERAS_BACKEND=jax needs JAX: pip install -e ".[jax]"'
+    if error:
+        argv = getattr(sys, "orig_argv", [])
+        program = f"python -m {argv[argv.index('-m') + 1]}" if "-m" in argv[:-1] else os.path.basename(sys.argv[0])
+        print(f"{program}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 def is_noise(line):

@@ -27,6 +27,8 @@ import os
 
 import keras
 
+from keras_skipinit import _startup
+
 BACKENDS = ("tensorflow", "jax")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 
@@ -39,10 +41,7 @@ def check_backend():
     """Training runs on TensorFlow and JAX; other backends are refused in
     one line rather than run half-supported."""
     if backend() not in BACKENDS:
-        raise ValueError(
-            f"training runs on the TensorFlow or JAX backend; this process uses Keras backend {backend()!r} "
-            "(KERAS_BACKEND or ~/.keras/keras.json): run with KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax"
-        )
+        raise ValueError(_startup.backend_error(backend()))
 
 
 def on_gpu():

@@ -48,6 +48,23 @@ if BACKEND == "tensorflow":
     )
 
 
+# .ci/run: the README's install runs the suite first and writes here the tests that
+# skipped (needing JAX, Ray or Fashion-MNIST), which it runs again with the extras.
+SKIPPED_FILE = os.environ.get("KERAS_SKIPINIT_SKIPPED_FILE")
+_skipped = []
+
+
+def pytest_runtest_logreport(report):
+    if SKIPPED_FILE and report.skipped and report.nodeid not in _skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    if SKIPPED_FILE and not hasattr(session.config, "workerinput"):  # the xdist controller sees every report
+        with open(SKIPPED_FILE, "w") as f:
+            f.write("".join(nodeid + "\n" for nodeid in _skipped))
+
+
 @pytest.fixture(autouse=True)
 def _clean_keras_state():
     keras.backend.clear_session()
