@@ -6,6 +6,7 @@ import os
 import pytest
 
 from keras_skipinit import machine, sweep, training
+from keras_skipinit.sweep import protocol, runner
 
 
 def run(log2_lr, seed, acc, status="completed", ce=None):
@@ -25,7 +26,7 @@ def test_best_k_of_n_and_best_learning_rate():
 def test_learning_rates_read_as_powers_of_two_after_keying():
     """Summaries key learning rates to 6 digits; 2^-9 must still read 2^-9."""
     for k in range(-12, 3):
-        assert sweep.lr_label(sweep._lr_key(2.0**k)) == f"2^{k}"
+        assert sweep.lr_label(protocol.lr_key(2.0**k)) == f"2^{k}"
     assert sweep.lr_label(0.1) == "0.1"
 
 
@@ -189,15 +190,25 @@ def test_a_result_line_cut_by_a_kill_is_dropped_and_its_run_runs_again(tmp_path,
     assert [json.loads(line)["log2_lr"] for line in log.read_text().splitlines()] == [-8, -7, -6]
 
 
-def test_a_corrupt_result_line_before_the_last_is_a_one_line_error(tmp_path, capsys):
+WHOLE = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed"})
+
+
+@pytest.mark.parametrize("lines,bad", [
+    ([WHOLE, "{oops", WHOLE.replace('"seed": 0', '"seed": 1')], 2),  # a line that does not parse, before the last
+    ([WHOLE.replace(', "status": "completed"', "")], 1),  # JSON without a status (was a KeyError traceback)
+    ([WHOLE, '{"depth": 10, "lr": 0.1, "seed": 1, "status": "completed"}'], 2),  # a last line of JSON without method
+])
+def test_a_result_line_that_is_not_a_torn_write_is_a_one_line_error_and_kept(tmp_path, capsys, lines, bad):
+    """Issue 32.3: only a last line that does not parse is a kill's torn write."""
     log = tmp_path / "runs.jsonl"
-    whole = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed"})
-    log.write_text(whole + "\n" + "{oops\n" + whole.replace('"seed": 0', '"seed": 1') + "\n")
-    with pytest.raises(SystemExit) as exit_info:
-        sweep.main([f"--out={tmp_path}", "--report_only"])
-    assert exit_info.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert f"{log}, line 2: not a sweep result" in line
+    log.write_text("\n".join(lines) + "\n")
+    for extra in (["--report_only"], ["--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main([f"--out={tmp_path}", *extra])
+        assert exit_info.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"{log}, line {bad}: not a sweep result" in line
+        assert log.read_text() == "\n".join(lines) + "\n"
 
 
 def test_report_only_without_runs_is_a_one_line_error(tmp_path, capsys):
@@ -271,7 +282,7 @@ def test_deep_row_preset_trains_the_depth_16_settings_at_depth_100_without_selec
     assert (deep.depths, deep.width, deep.methods) == ([100], 1, ["batchnorm", "skipinit"])
     for name in ("epochs", "schedule", "batch_size", "dataset", "bn_momentum", "mixed_precision", "protocol"):
         assert getattr(deep, name) == getattr(wrn16, name), name
-    assert [(key, depth, round(math.log2(lr)), seed, phase) for key, depth, lr, seed, phase in sweep.pending_runs(deep, {})] == [
+    assert [(key, depth, round(math.log2(lr)), seed, phase) for key, depth, _, lr, seed, phase in sweep.pending_runs(deep, {})] == [
         ("batchnorm", 100, -4, 0, "final"), ("batchnorm", 100, -4, 1, "final"),
         ("skipinit", 100, -5, 0, "final"), ("skipinit", 100, -5, 1, "final")]
 
@@ -335,7 +346,7 @@ def test_a_sweep_in_parallel_rounds_makes_the_sequential_sweeps_runs_and_tables(
     sequential = sorted(calls)
     calls.clear()
     executor = _LastInFirstOut()
-    monkeypatch.setattr(sweep, "_executor", lambda _: executor)
+    monkeypatch.setattr(runner, "executor_for", lambda _: executor)
     sweep.main([*args, f"--out={tmp_path}/par", f"--runs_dir={tmp_path}/par_runs"])
     assert sorted(calls) == sequential
     assert len(executor.batches[0]) == 8  # both cells' grids (2 rates x 2 seeds) at once
@@ -351,8 +362,74 @@ def test_a_run_that_fails_in_its_executor_is_a_one_line_error_naming_it(tmp_path
             ident, _ = self.queue.pop()
             raise executors.RunFailed(ident, "its worker died 4 times (WorkerCrashedError); rerun the sweep")
 
-    monkeypatch.setattr(sweep, "_executor", lambda _: Failing())
+    monkeypatch.setattr(runner, "executor_for", lambda _: Failing())
     with pytest.raises(SystemExit) as exit_info:
         sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-4", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
     assert exit_info.value.code == 2
     assert "error: run skipinit depth 10 lr 2^-4 seed 0: its worker died 4 times" in capsys.readouterr().err
+
+
+def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_validation_and_resumes(tmp_path, monkeypatch):
+    """SkipInit Fig. 3's protocol: cells (method, batch size); each grid starts
+    at the octaves around centre + log2(B / batch_size) and extends until
+    interior; final seeds on all data at the chosen rate. Ghost batch and
+    accumulation settings are recorded per run; a resume runs nothing."""
+    calls = []
+
+    def train(config):  # the optimum moves up one octave per doubling of the batch, from 2^-7 at batch 64
+        calls.append(config)
+        peak = -7 + math.log2(config.batch_size / 64)
+        acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) - peak)
+        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
+                "chief": True, "eval_split": "validation" if config.validation_examples else "test",
+                "config": dataclasses.asdict(config)}
+
+    monkeypatch.setattr(training, "train", train)
+    args = ["--preset=batch_scaling_fashion_mnist", "--methods=ghost_batchnorm,skipinit", "--batch_sizes=64,512",
+            "--centre_log2_lrs=ghost_batchnorm=-6,skipinit=-7", "--batch_size=64", "--micro_batch_size=256",
+            f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    sweep.main(args)
+    by_cell = {}
+    for c in calls:
+        by_cell.setdefault((c.normalization, c.batch_size), []).append(c)
+    skipinit_64 = sorted({round(math.log2(c.learning_rate)) for c in by_cell[("skipinit", 64)]})
+    assert skipinit_64 == [-8, -7, -6]  # centred on the optimum: no extension
+    assert sorted({round(math.log2(c.learning_rate)) for c in by_cell[("skipinit", 512)]}) == [-5, -4, -3]
+    assert sorted({round(math.log2(c.learning_rate)) for c in by_cell[("ghost_batchnorm", 64)]}) == [-8, -7, -6, -5]
+    for (norm, batch), configs in by_cell.items():
+        assert {(c.accumulation_steps, c.batch_size // c.accumulation_steps) for c in configs} == {
+            (max(1, batch // 256), min(batch, 256))}
+        assert {c.ghost_batch_size for c in configs} == ({64} if norm == "ghost_batchnorm" else {None})
+        finals = [c for c in configs if c.validation_examples is None]
+        assert [c.seed for c in finals] == [0, 1] and {math.log2(c.learning_rate) for c in finals} == {
+            -7 + math.log2(batch / 64)}
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert {(r["batch_size"], r["accumulation_steps"]) for r in runs} == {(64, 1), (512, 2)}
+    first = len(calls)
+    sweep.main(args)
+    assert len(calls) == first
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    cell = summary["cells"]["skipinit/batch512"]
+    assert cell["lr"] == 2.0**-4 and cell["lr_lowest_loss"] == 2.0**-4 and cell["mean"] == pytest.approx(0.9)
+    assert "| SkipInit (alpha = 0) | 512 (256 x 2) | 2^-4 (interior)" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "sweep.png").stat().st_size > 10000
+
+
+@pytest.mark.parametrize("other", [["--train_examples=200"], ["--preset=fixup_fig3", "--depths=10"]])
+def test_a_sweep_into_an_out_of_another_experiment_is_refused(tmp_path, monkeypatch, capsys, other):
+    """Issue 32.2: another preset, or other training settings, into an --out
+    that holds a sweep's runs: one line naming what differs, nothing run,
+    nothing mixed in a report."""
+    calls = []
+    monkeypatch.setattr(training, "train", fake_train(calls))
+    first = ["--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1", "--protocol=depth",
+             f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+    sweep.main(first)
+    log = (tmp_path / "runs.jsonl").read_text()
+    for extra in ([], ["--report_only"]):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main([*first, *other, *extra])
+        assert exit_info.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "holds runs of another experiment" in line
+    assert len(calls) == 1 and (tmp_path / "runs.jsonl").read_text() == log

@@ -1,0 +1,3 @@
+from keras_skipinit.sweep.cli import main
+
+main()

@@ -1,0 +1,139 @@
+"""The sweep's command line: `python -m keras_skipinit.sweep --help`."""
+
+import argparse
+import math
+import os
+import sys
+
+from keras_skipinit.applications import MODELS
+from keras_skipinit.sweep import log, protocol, report, runner
+from keras_skipinit.sweep.presets import METHODS, PRESETS
+
+
+def _ints(text):
+    return [int(v) for v in text.split(",")]
+
+
+def _floats(text):
+    return [float(v) for v in text.split(",")]
+
+
+def _names(text):
+    return [v for v in text.split(",") if v]
+
+
+def _method_ints(text):
+    try:
+        return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected method=integer,..., got {text!r}") from None
+
+
+def parse_args(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
+    parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling"),
+                        default="table1", help="converged: choose each cell's lr on --validation_examples, then "
+                        "--final_seeds runs; batch_scaling: the same over --batch_sizes")
+    parser.add_argument("--model", choices=MODELS, default="wrn",
+                        help="architecture (train.py's --model); one model per --out")
+    parser.add_argument("--depths", type=_ints, default=[16, 100])
+    parser.add_argument("--batch_sizes", type=_ints, default=None,
+                        help="batch sizes as a cell's axis (--protocol=batch_scaling); default: --batch_size")
+    parser.add_argument("--micro_batch_size", type=int, default=None,
+                        help="accumulate each batch from micro-batches of at most this size (SkipInit §3)")
+    parser.add_argument("--ghost_batch_size", type=int, default=None,
+                        help="ghost batch size of the ghost_batchnorm method (default: train.py's)")
+    parser.add_argument("--width", type=int, default=1, help="WRN widening factor (WRN only)")
+    parser.add_argument("--methods", type=_names,
+                        default=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"])
+    parser.add_argument("--log2_lrs", type=_ints, default=None, help="learning rates 2^k (e.g. -6,-4,-2)")
+    parser.add_argument("--lrs", type=_floats, default=None, help="learning rates as values (e.g. 0.1)")
+    parser.add_argument("--extend_grid", action=argparse.BooleanOptionalAction, default=False,
+                        help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per learning rate (n)")
+    parser.add_argument("--best_k", type=int, default=2, help="best k of n averaged (paper: 5 of 7)")
+    parser.add_argument("--chance", type=float, default=0.11,
+                        help="accuracy at or below this is a failed run (default: within 1 point of 10-class chance)")
+    parser.add_argument("--chance_level", type=float, default=0.1, help="chance accuracy, drawn in the plots")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--schedule", default="cifar")
+    parser.add_argument("--steps_per_epoch", type=int, default=None)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--train_examples", type=int, default=None)
+    parser.add_argument("--validation_examples", type=int, default=None,
+                        help="runs that choose the lr evaluate on the last N training images, not the test set")
+    parser.add_argument("--final_seeds", type=int, default=0,
+                        help="then train this many seeds at each cell's best lr on all training images (test set)")
+    parser.add_argument("--centre_log2_lrs", type=_method_ints, default={},
+                        help="per-method grid centre, e.g. batchnorm=-3,skipinit=-5: that method tries 2^(c-1..c+1)")
+    parser.add_argument("--chosen_log2_lrs", type=_method_ints, default={},
+                        help="converged protocol: method=k,... skips that method's selection and runs its final seeds at 2^k")
+    parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16", "auto"), default="none",
+                        help="auto: bfloat16 on a CPU with bfloat16 instructions, else float32 (none)")
+    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
+    parser.add_argument("--dataset", default="mnist_embedded")
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
+    parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
+    parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
+    parser.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
+                        help="sequential: each run in this process in turn; ray: each run a Ray task (pip install -e \".[ray]\")")
+    parser.add_argument("--ray_address", default=None,
+                        help="a Ray cluster's address (ray start --head prints it); default: RAY_ADDRESS, else the "
+                             "cluster `ray start` started on this machine, else a new local instance; local: always a new one")
+    parser.add_argument("--cpus_per_run", type=float, default=1, help="Ray resources of each run")
+    parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources of each run (GPUs: --cpus_per_run too)")
+    parser.add_argument("--max_retries", type=int, default=3,
+                        help="Ray: times a run whose worker died is retried (it resumes from its checkpoint)")
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset]())
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if args.lrs is None:
+        args.lrs = [2.0**k for k in (args.log2_lrs or [-4, -3, -2])]
+    args.batch_sizes = args.batch_sizes or [args.batch_size]
+    unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
+    if not 1 <= args.best_k <= args.seeds:
+        parser.error("--best_k must be between 1 and --seeds")
+    if args.protocol in protocol.CHOOSING and not (args.validation_examples and args.final_seeds):
+        parser.error(f"--protocol={args.protocol} needs --validation_examples and --final_seeds")
+    if min(args.batch_sizes) < 1 or (args.micro_batch_size is not None and args.micro_batch_size < 1):
+        parser.error("--batch_sizes and --micro_batch_size must be positive")
+    uneven = [b for b in args.batch_sizes if args.micro_batch_size and b > args.micro_batch_size
+              and b % args.micro_batch_size]
+    if uneven:
+        parser.error(f"--batch_sizes {uneven} are not whole multiples of --micro_batch_size={args.micro_batch_size}")
+    if args.extend_grid and any(abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
+        parser.error("--extend_grid needs a log2 grid (--log2_lrs)")
+    args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
+    if args.executor != "sequential":  # Ray workers may run elsewhere: on storage every node reads, by absolute path
+        args.runs_dir = os.path.abspath(args.runs_dir)
+        args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.report_only:
+            path = os.path.join(args.out, log.LOG)
+            done = log.load(path)
+            runner.check_same_experiment(args, done, path)
+            runs = list(done.values())
+            if not runs:
+                raise ValueError(f"no runs in {args.out} (no {os.path.join(args.out, 'runs.jsonl')} with results): "
+                                 "run the sweep without --report_only first")
+        else:
+            runs = runner.run_sweep(args)
+    except ValueError as e:
+        print(f"python -m keras_skipinit.sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(report.report(runs, args))
+

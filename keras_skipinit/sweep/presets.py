@@ -1,0 +1,155 @@
+"""The experiments the sweep reproduces, as data (big_vision's configs):
+each preset is a function whose docstring gives its command, its budget and
+the doc its results feed, returning the settings it fixes; flags given on
+the command line override them. METHODS names each method a sweep can run."""
+
+# label, training.Config overrides
+METHODS = {
+    "batchnorm": ("Batch Normalization", dict(normalization="batchnorm")),
+    # SkipInit §3: BN statistics over ghost batches of --ghost_batch_size, whatever the batch or micro-batch.
+    "ghost_batchnorm": ("Ghost Batch Normalization", dict(normalization="ghost_batchnorm")),
+    "skipinit_one": ("SkipInit (alpha = 1)", dict(normalization="skipinit", alpha_init="one")),
+    "skipinit_inv_sqrt_d": ("SkipInit (alpha = 1/sqrt(d))", dict(normalization="skipinit", alpha_init="inv_sqrt_depth")),
+    "skipinit": ("SkipInit (alpha = 0)", dict(normalization="skipinit", alpha_init="zero")),
+    "sqrt2": ("Divide residual block by sqrt(2)", dict(normalization="sqrt2")),
+    "none": ("No normalization, no scaling", dict(normalization="none")),
+    "fixup": ("Fixup", dict(normalization="fixup")),
+    # The Fixup authors' exact CIFAR network: their stem keeps PyTorch's default init (cifar_resnet only).
+    "fixup_torch_stem": ("Fixup, stem at PyTorch's default init", dict(normalization="fixup", stem_init="pytorch_default")),
+    "lsuv": ("LSUV, no normalization", dict(normalization="none", lsuv=True)),
+    "regularized_skipinit": ("Regularized SkipInit", dict(normalization="regularized_skipinit")),
+    "nf": ("NF-ResNet", dict(normalization="nf")),
+}
+# SkipInit Table 1 (CIFAR-10, WRN-n-2, 200 epochs, best 5 of 7): test accuracy %.
+PAPER_TABLE1 = {("batchnorm", 16): 93.5, ("batchnorm", 100): 94.7, ("skipinit_one", 16): 93.0,
+                ("skipinit_inv_sqrt_d", 16): 93.0, ("skipinit_inv_sqrt_d", 100): 94.2, ("skipinit", 16): 93.3,
+                ("skipinit", 100): 94.2, ("sqrt2", 16): 92.4, ("sqrt2", 100): 88.9}
+
+_FASHION = dict(dataset="fashion_mnist", bn_momentum=0.9)
+
+
+def skipinit_table1():
+    """SkipInit §2.3 Table 1 (App. D Table 3) at CPU scale: WRN-16-1 and
+    WRN-100-1, one epoch of 9,600 Fashion-MNIST images, best 2 of 3 seeds
+    per rate, the grid extended until each optimum is interior.
+
+        python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
+
+    Budget and results: docs/skipinit_table1/README.md."""
+    return dict(protocol="table1", depths=[16, 100], width=1,
+                methods=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"],
+                log2_lrs=[-4, -3, -2], seeds=3, best_k=2, extend_grid=True, epochs=1, schedule="cifar",
+                batch_size=64, train_examples=9600, **_FASHION)
+
+
+def fixup_fig3():
+    """Fixup §4.1 Fig. 3: one epoch at lr 0.1 against depth (WRN-16/52/100-1,
+    32,000 Fashion-MNIST images), 3 seeds, six methods.
+
+        python -m keras_skipinit.sweep --preset=fixup_fig3 --out=docs/fixup_fig3
+
+    Budget and results: docs/fixup_fig3/README.md."""
+    return dict(protocol="depth", depths=[16, 52, 100], width=1,
+                methods=["batchnorm", "fixup", "skipinit", "sqrt2", "none", "lsuv"], lrs=[0.1], seeds=3, best_k=3,
+                extend_grid=False, epochs=1, schedule="constant", batch_size=128, train_examples=32000, **_FASHION)
+
+
+def fixup_fig3_cifar_resnet():
+    """Fig. 3 on the Fixup authors' CIFAR ResNets (20/56/110), one epoch of
+    all 60,000 images (468 updates, near CIFAR-10's 390).
+
+        python -m keras_skipinit.sweep --preset=fixup_fig3_cifar_resnet --out=docs/fixup_fig3/cifar_resnet
+
+    Budget and results: docs/fixup_fig3/README.md."""
+    return dict(protocol="depth", model="cifar_resnet", depths=[20, 56, 110],
+                methods=["batchnorm", "fixup", "skipinit", "sqrt2", "fixup_torch_stem"], lrs=[0.1], seeds=3,
+                best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128, **_FASHION)
+
+
+def fixup_fig3_wrn_full_epoch():
+    """Fig. 3 on WRN-n-1 with one epoch of all 60,000 images.
+
+        python -m keras_skipinit.sweep --preset=fixup_fig3_wrn_full_epoch --out=docs/fixup_fig3/wrn_full_epoch
+
+    Budget and results: docs/fixup_fig3/README.md."""
+    return dict(protocol="depth", depths=[16, 52, 100], width=1, methods=["batchnorm", "fixup", "skipinit", "sqrt2"],
+                lrs=[0.1], seeds=3, best_k=3, extend_grid=False, epochs=1, schedule="constant", batch_size=128,
+                **_FASHION)
+
+
+def table1_converged_epochs():
+    """Converged Table 1, step 1 (choosing E): BatchNorm's validation curve
+    at a constant learning rate, 20 epochs.
+
+        python -m keras_skipinit.sweep --preset=table1_converged_epochs --out=docs/skipinit_table1_converged/epochs
+
+    Budget and results: docs/skipinit_table1_converged/README.md."""
+    return dict(protocol="depth", depths=[16], width=1, methods=["batchnorm"], log2_lrs=[-2], seeds=1, best_k=1,
+                extend_grid=False, epochs=20, schedule="constant", batch_size=128, validation_examples=5000,
+                mixed_precision="auto", **_FASHION)
+
+
+def table1_converged():
+    """Converged Table 1, step 2: WRN-16-1, six methods, 12 epochs; each
+    rate chosen on 5,000 held-out images, then 3 seeds on all training
+    images. The papers' headline methods first: a cut budget cuts the last.
+
+        python -m keras_skipinit.sweep --preset=table1_converged --out=docs/skipinit_table1_converged
+
+    Budget and results: docs/skipinit_table1_converged/README.md."""
+    return dict(protocol="converged", depths=[16], width=1,
+                methods=["batchnorm", "skipinit", "fixup", "regularized_skipinit", "sqrt2", "nf"],
+                centre_log2_lrs=dict(batchnorm=-2, skipinit=-4, regularized_skipinit=-4, fixup=-3, nf=-2, sqrt2=-6),
+                seeds=1, best_k=1, extend_grid=True, final_seeds=3, epochs=12, schedule="cifar", batch_size=128,
+                validation_examples=5000, mixed_precision="auto", **_FASHION)
+
+
+def table1_converged_deep():
+    """Converged Table 1, step 3, the deep row: WRN-100-1 at the rates step
+    2 chose at depth 16 (no selection at depth 100), 2 seeds, step 2's
+    training settings.
+
+        python -m keras_skipinit.sweep --preset=table1_converged_deep --out=docs/skipinit_table1_converged/deep
+
+    Budget: docs/skipinit_table1_converged/README.md."""
+    return {**table1_converged(), "depths": [100], "methods": ["batchnorm", "skipinit"], "centre_log2_lrs": {},
+            "chosen_log2_lrs": dict(batchnorm=-4, skipinit=-5), "extend_grid": False, "final_seeds": 2}
+
+
+def batch_scaling_fashion_mnist():
+    """SkipInit §3 Fig. 3 at CPU scale: WRN-16-1 on all of Fashion-MNIST,
+    batch sizes 64 .. 4096 at a fixed budget of 3 epochs. BatchNorm over
+    ghost batches of 64, SkipInit (alpha = 0), and /sqrt(2) as the
+    unnormalized network (docs/skipinit_table1: the one that trains at depth
+    16). Micro-batches of at most 256 (4 ghost batches), gradients
+    accumulated to the batch. Each cell's grid starts at the octaves around
+    Table 1 converged's rates at batch 128, scaled with the batch; rate chosen
+    on 5,000 held-out images, then 2 seeds on all 60,000.
+
+        python -m keras_skipinit.sweep --preset=batch_scaling_fashion_mnist --out=docs/skipinit_fig3_batch_scaling
+
+    Budget (measured epoch costs, E, cut order) and results:
+    docs/skipinit_fig3_batch_scaling/README.md."""
+    return dict(protocol="batch_scaling", depths=[16], width=1, methods=["ghost_batchnorm", "skipinit", "sqrt2"],
+                batch_sizes=[64, 256, 1024, 4096], batch_size=128, micro_batch_size=256, ghost_batch_size=64,
+                centre_log2_lrs=dict(ghost_batchnorm=-4, skipinit=-5, sqrt2=-6), seeds=1, best_k=1,
+                extend_grid=True, final_seeds=2, epochs=3, schedule="cifar", validation_examples=5000,
+                mixed_precision="auto", **_FASHION)
+
+
+def batch_scaling_cifar10():
+    """SkipInit §3 Fig. 3 at the paper's scale (not run here: days of GPU
+    time): CIFAR-10, WRN-16-4, 200 epochs, batch sizes 64 .. 16384, ghost
+    batches of 64, micro-batches of 64 as in the paper's single-device runs.
+
+        python -m keras_skipinit.sweep --preset=batch_scaling_cifar10 --out=runs/skipinit_fig3_cifar10"""
+    return dict(protocol="batch_scaling", depths=[16], width=4, methods=["ghost_batchnorm", "skipinit", "sqrt2"],
+                batch_sizes=[64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384], batch_size=64, micro_batch_size=64,
+                ghost_batch_size=64, centre_log2_lrs=dict(ghost_batchnorm=-4, skipinit=-4, sqrt2=-6), seeds=1,
+                best_k=1, extend_grid=True, final_seeds=2, epochs=200, schedule="cifar", validation_examples=5000,
+                dataset="cifar10")
+
+
+PRESETS = {f.__name__: f for f in (
+    skipinit_table1, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch, table1_converged_epochs,
+    table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10)}

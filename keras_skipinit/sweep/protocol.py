@@ -1,0 +1,163 @@
+"""What a sweep runs next, as pure functions of the results so far: an
+interrupted sweep resumes exactly, and an executor that runs a whole round at
+once makes the same decisions as one that runs one run at a time.
+
+A cell is (method, depth, batch size). A run is identified by
+``(method, depth, batch_size, lr, seed, phase)``; phase SELECT runs choose
+the learning rate (on the validation split under the converged and
+batch-scaling protocols), FINAL runs are reported on the test set.
+"""
+
+import math
+
+import numpy as np
+
+SELECT, FINAL = "select", "final"
+PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
+CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds
+
+
+def lr_key(lr):
+    return float(f"{lr:.6g}")
+
+
+def lr_label(lr):
+    log2 = math.log2(lr)  # tolerant: summaries key learning rates to 6 digits (`lr_key`)
+    return f"2^{int(round(log2))}" if abs(log2 - round(log2)) < 1e-5 else f"{lr:g}"
+
+
+def ident(key, depth, batch, lr, seed, phase=SELECT):
+    return key, depth, batch, lr_key(lr), seed, phase
+
+
+def run_ident(run):
+    """A recorded run's ident (runs before batch sizes were a cell's axis
+    carry theirs in results.config only)."""
+    batch = run.get("batch_size") or ((run.get("results") or {}).get("config") or {}).get("batch_size")
+    return ident(run["method"], run["depth"], batch, run["lr"], run["seed"], run.get("phase", SELECT))
+
+
+def cells(settings):
+    """Every (method, depth, batch size) in the sweep's order: depth, batch size, then method."""
+    return [(key, depth, batch) for depth in settings.depths for batch in settings.batch_sizes
+            for key in settings.methods]
+
+
+def in_cell(runs, cell, phase=None):
+    key, depth, batch = cell
+    return [r for r in runs if run_ident(r)[:3] == (key, depth, batch)
+            and (phase is None or r.get("phase", SELECT) == phase)]
+
+
+def summarize(runs, best_k, chance, key="test_top1", lower_is_better=False):
+    """Per learning rate: mean and std of the best k of n values of `key`.
+
+    A diverged run, or (for accuracy) one at or below `chance`, is failed;
+    a learning rate where one of the best k failed is failed. Returns the best
+    learning rate's row (None if every one failed) and all rows.
+    """
+    by_lr = {}
+    for run in runs:
+        value = run.get(key) if run["status"] == "completed" else None
+        if value is not None and not lower_is_better and value <= chance:
+            value = None
+        by_lr.setdefault(lr_key(run["lr"]), []).append(value)
+    worst = math.inf if lower_is_better else -math.inf
+    rows = []
+    for lr, values in sorted(by_lr.items()):
+        ranked = sorted((v if v is not None else worst for v in values), reverse=not lower_is_better)[:best_k]
+        failed = not ranked or any(not math.isfinite(v) for v in ranked)
+        rows.append({
+            "lr": lr,
+            "runs": len(values),
+            "failed": sum(v is None for v in values),
+            "mean": None if failed else float(np.mean(ranked)),
+            "std": None if failed else float(np.std(ranked)),
+        })
+    scored = [r for r in rows if r["mean"] is not None]
+    pick = min if lower_is_better else max
+    return (pick(scored, key=lambda r: r["mean"]) if scored else None), rows
+
+
+def grid_edge(best, rows):
+    """Where a cell's best learning rate sits in the grid it was tried on:
+    'interior', 'edge' (a better one may lie beyond) or 'paper bound'
+    (2^-10 or 2^2, the ends of the paper's range)."""
+    lrs = sorted(r["lr"] for r in rows)
+    if lrs[0] < best["lr"] < lrs[-1]:
+        return "interior"
+    return "paper bound" if round(math.log2(best["lr"])) in PAPER_LOG2_RANGE else "edge"
+
+
+def next_log2_lr(best, rows):
+    """The learning rate that --extend_grid tries next for a cell, or None."""
+    log2s = sorted(round(math.log2(r["lr"])) for r in rows)
+    low, high = PAPER_LOG2_RANGE
+    if best is None:  # everything failed: smaller learning rates first
+        return log2s[0] - 1 if log2s[0] > low else None
+    at = round(math.log2(best["lr"]))
+    if at == log2s[0] and at > low:
+        return at - 1
+    if at == log2s[-1] and at < high:
+        return at + 1
+    return None
+
+
+def base_lrs(settings, key, batch):
+    """A cell's first grid: --lrs, or the octaves either side of the method's
+    --centre_log2_lrs entry, which is for --batch_size: a cell of batch size
+    B is centred log2(B / batch_size) octaves higher (the optimal rate is
+    proportional to the batch below the critical batch; SkipInit §3)."""
+    if key in settings.centre_log2_lrs:
+        centre = settings.centre_log2_lrs[key] + round(math.log2(batch / settings.batch_size))
+        return [2.0**k for k in (centre - 1, centre, centre + 1)]
+    return list(settings.lrs)
+
+
+def cell_pending(settings, done, cell):
+    """A cell's runs that can start now: the missing seeds of its grid (the
+    base grid and the points an earlier extension added), else the next
+    point of --extend_grid, else its final seeds at the best rate."""
+    key, depth, batch = cell
+
+    def missing(lrs, seeds, phase=SELECT):  # exact rates (2^-9 trains at 2^-9); `done` is keyed by `ident`
+        return [(key, depth, batch, lr, seed, phase) for lr in lrs for seed in range(seeds)
+                if ident(key, depth, batch, lr, seed, phase) not in done]
+
+    if key in settings.chosen_log2_lrs:  # no selection: the final runs at the given rate
+        return missing([2.0 ** settings.chosen_log2_lrs[key]], settings.final_seeds, FINAL)
+    base = base_lrs(settings, key, batch)
+    keyed = {lr_key(lr) for lr in base}
+    selection = in_cell(done.values(), cell, SELECT)
+    added = sorted({r["lr"] for r in selection if lr_key(r["lr"]) not in keyed}) if settings.extend_grid else []
+    todo = missing(base + added, settings.seeds)
+    if todo:
+        return todo
+    best, rows = summarize(selection, settings.best_k, settings.chance)
+    if settings.extend_grid:
+        step = next_log2_lr(best, rows)
+        if step is not None:
+            return missing([2.0**step], settings.seeds)
+    if settings.final_seeds and best:
+        return missing([best["lr"]], settings.final_seeds, FINAL)
+    return []
+
+
+def pending_runs(settings, done):
+    """The runs that can start now, in the sweep's order, cell by cell, as
+    (method, depth, batch_size, lr, seed, phase); a cell's later runs wait
+    for the results of its earlier ones. `done` maps idents to recorded runs."""
+    return [run for cell in cells(settings) for run in cell_pending(settings, done, cell)]
+
+
+def runs_left(settings, done):
+    """Runs still to come as far as known now: the pending ones, and the
+    final seeds of cells still choosing their rate (a grid extension adds
+    more when it happens)."""
+    left = 0
+    for cell in cells(settings):
+        todo = cell_pending(settings, done, cell)
+        left += len(todo)
+        if settings.final_seeds and todo and todo[0][5] == SELECT:
+            left += settings.final_seeds
+    return left

@@ -1,0 +1,378 @@
+"""The sweep's report from its runs: table.md, summary.json and the plots
+(sweep.png, curves.png), per protocol."""
+
+import json
+import math
+import os
+
+import numpy as np
+
+from keras_skipinit import run_dir
+from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
+from keras_skipinit.sweep.protocol import FINAL, SELECT, grid_edge, in_cell, lr_label, run_ident, summarize
+
+
+def protocol_batch(run):
+    return run_ident(run)[2]
+
+NOT_RUN = "not run"
+
+
+def _cell(best, fmt):
+    if best == NOT_RUN:
+        return NOT_RUN
+    if best is None:
+        return "—"
+    return f"{fmt(best['mean'])} ± {fmt(best['std'])} ({lr_label(best['lr'])})"
+
+
+def table1_tables(runs, args):
+    """SkipInit Table 1 (test accuracy) and App. D Table 3 (training loss),
+    and a per-cell account of the learning-rate grid."""
+    acc_lines = ["| method | " + " | ".join(f"depth {d}: test acc. % (lr)" for d in args.depths) + " |"]
+    ce_lines = ["| method | " + " | ".join(f"depth {d}: train cross-entropy (lr)" for d in args.depths) + " |"]
+    acc_lines.append("|---|" + "---|" * len(args.depths))
+    ce_lines.append(acc_lines[1])
+    grid = ["| method | depth | learning rates tried | best (acc.) | optimum | failed runs / runs |", "|---|---|---|---|---|---|"]
+    details = {}
+    for key in args.methods:
+        accs, ces = [], []
+        for depth in args.depths:
+            subset = in_cell(runs, (key, depth, args.batch_sizes[0]))
+            if not subset:
+                accs.append(NOT_RUN), ces.append(NOT_RUN)
+                continue
+            best, rows = summarize(subset, args.best_k, args.chance)
+            best_ce, ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
+            if best is None:
+                best_ce = None  # no run trained: no training loss to report (as in the paper)
+            accs.append(_cell(best, lambda v: f"{100 * v:.1f}"))
+            ces.append(_cell(best_ce, lambda v: f"{v:.3f}"))
+            tried = sorted(r["lr"] for r in rows)
+            where = grid_edge(best, rows) if best else "all failed"
+            grid.append(
+                f"| {METHODS[key][0]} | {depth} | {lr_label(tried[0])} .. {lr_label(tried[-1])} ({len(tried)}) | "
+                f"{lr_label(best['lr']) if best else '—'} | {where} | {sum(r['failed'] for r in rows)} / {len(subset)} |"
+            )
+            details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows, "optimum": where}
+        acc_lines.append(f"| {METHODS[key][0]} | " + " | ".join(accs) + " |")
+        ce_lines.append(f"| {METHODS[key][0]} | " + " | ".join(ces) + " |")
+    return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details
+
+
+def depth_table(runs, args):
+    """Fixup Fig. 3 as a table: mean ± std test accuracy over all seeds, and
+    how many runs trained (beat chance)."""
+    lines = ["| method | " + " | ".join(f"depth {d}" for d in args.depths) + " |", "|---|" + "---|" * len(args.depths)]
+    details = {}
+    for key in args.methods:
+        cells = []
+        for depth in args.depths:
+            subset = in_cell(runs, (key, depth, args.batch_sizes[0]))
+            if not subset:
+                cells.append(NOT_RUN)
+                continue
+            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in subset]
+            trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in subset)
+            diverged = sum(r["status"] == "diverged" for r in subset)
+            cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(subset)} trained"
+                         + (f", {diverged} diverged" if diverged else "") + ")")
+            details[f"{key}/depth{depth}"] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)),
+                                              "trained": trained, "diverged": diverged, "runs": len(subset),
+                                              "test_top1": [r["test_top1"] for r in subset]}
+        lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), details
+
+
+
+def converged_table(runs, args):
+    """Converged Table 1: per cell, the learning rate chosen on the
+    validation split and the test accuracy of the final runs at it (mean ±
+    std over all seeds), beside the paper's CIFAR-10 figure."""
+    lines = ["| method | depth | lr chosen (validation acc. % per lr, best k of n) | test acc. % (final runs) "
+             "| paper, CIFAR-10 WRN-n-2 | precision (selection; final) |", "|---|---|---|---|---|---|"]
+    details = {}
+    for key in args.methods:
+        for depth in args.depths:
+            selection = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
+            final = in_cell(runs, (key, depth, args.batch_sizes[0]), FINAL)
+            if not selection and not final:
+                continue
+            best, rows = summarize(selection, args.best_k, args.chance) if selection else (None, [])
+            tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}")
+                              for r in rows)
+            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in final]
+            trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in final)
+            test = (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(final)} trained)"
+                    if final else NOT_RUN)
+            paper = PAPER_TABLE1.get((key, depth))
+            if not selection:
+                chosen = f"{lr_label(final[0]['lr'])} (given, --chosen_log2_lrs)"
+            else:
+                chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
+            lines.append(f"| {METHODS[key][0]} | {depth} | {chosen} | {test} | "
+                         f"{'—' if paper is None else f'{paper:.1f}'} | "
+                         f"{_precisions(selection) or '—'}; {_precisions(final) or '—'} |")
+            details[f"{key}/depth{depth}"] = {"validation_top1": rows, "lr": final[0]["lr"] if final else best and best["lr"],
+                                              "test_top1": [r["test_top1"] for r in final],
+                                              "mean": float(np.mean(accs)) if final else None,
+                                              "std": float(np.std(accs)) if final else None, "paper": paper}
+    return "\n".join(lines), details
+
+
+def _precisions(runs):
+    """The precisions `runs` trained in, e.g. 'bfloat16 x2, float32 x1'."""
+    counts = {}
+    for run in runs:
+        precision = run.get("results", {}).get("config", {}).get("mixed_precision", "none")  # train.py's values
+        name = "float32" if precision == "none" else precision
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+
+
+def batch_scaling_table(runs, args):
+    """SkipInit Fig. 3 as a table: per (method, batch size) the rate chosen on
+    the validation split, the rates that failed (diverged or at chance), and
+    the final runs' test accuracy and training cross-entropy (no L2 term),
+    mean ± std over seeds."""
+    lines = ["| method | batch (micro-batch x steps) | lr chosen (validation acc. % per lr) | failed lrs "
+             "| test acc. % (final runs) | train cross-entropy (final runs) | lowest-loss lr |",
+             "|---|---|---|---|---|---|---|"]
+    details = {}
+    depth = args.depths[0]
+    for key in args.methods:
+        for batch in args.batch_sizes:
+            cell = (key, depth, batch)
+            selection, final = in_cell(runs, cell, SELECT), in_cell(runs, cell, FINAL)
+            if not selection and not final:
+                continue
+            best, rows = summarize(selection, args.best_k, args.chance) if selection else (None, [])
+            best_ce, ce_rows = (summarize(selection, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
+                                if selection else (None, []))
+            failed = [r["lr"] for r in rows if r["mean"] is None]
+            tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}")
+                              for r in rows)
+            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in final]
+            ces = [r["train_cross_entropy"] for r in final if r["status"] == "completed"]
+            micro = (selection or final)[0].get("accumulation_steps", 1)
+            chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
+            lines.append(
+                f"| {METHODS[key][0]} | {batch} ({batch // micro} x {micro}) | {chosen} | "
+                f"{', '.join(lr_label(lr) for lr in failed) or '—'} | "
+                + (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({len(final)} seeds)" if final else NOT_RUN)
+                + " | " + (f"{np.mean(ces):.3f} ± {np.std(ces):.3f}" if ces else NOT_RUN)
+                + f" | {lr_label(best_ce['lr']) if best_ce else '—'} |")
+            details[f"{key}/batch{batch}"] = {
+                "batch_size": batch, "accumulation_steps": micro, "validation_top1": rows,
+                "train_cross_entropy": ce_rows, "lr": best and best["lr"], "lr_lowest_loss": best_ce and best_ce["lr"],
+                "failed_lrs": failed, "test_top1": [r["test_top1"] for r in final],
+                "final_train_cross_entropy": [r["train_cross_entropy"] for r in final],
+                "mean": float(np.mean(accs)) if final else None, "std": float(np.std(accs)) if final else None,
+                "ce_mean": float(np.mean(ces)) if ces else None, "ce_std": float(np.std(ces)) if ces else None}
+    return "\n".join(lines), details
+
+
+def report(runs, args):
+    runs = [r for r in runs if r["method"] in args.methods and r["depth"] in args.depths
+            and protocol_batch(r) in args.batch_sizes]
+    if args.protocol == "batch_scaling":
+        table, details = batch_scaling_table(runs, args)
+        text = (f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size; learning rate "
+                f"chosen on {args.validation_examples} training images held out, then {args.final_seeds} seeds on "
+                f"the full training set (test accuracy, final training cross-entropy without L2: mean ± std)\n\n"
+                f"{table}\n")
+        _plot_batch_scaling(details, args)
+    elif args.protocol == "converged":
+        table, details = converged_table(runs, args)
+        text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
+                f"training images held out (best {args.best_k} of {args.seeds} per lr), then {args.final_seeds} "
+                f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
+        _plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
+    elif args.protocol == "table1":
+        accuracy, cross_entropy, grid, details = table1_tables(runs, args)
+        text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
+                f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
+                f"Learning-rate grid per cell\n\n{grid}\n")
+        _plot_table1(details, args)
+    else:
+        table, details = depth_table(runs, args)
+        split = "validation" if args.validation_examples else "test"
+        text = f"{split.capitalize()} accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
+        _plot_depth(details, args)
+        if args.epochs > 1:
+            _plot_curves(runs, args, split)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text)
+    seconds = sum(r["wall_time_s"] or 0 for r in runs)
+    command = " ".join(a for a in args.argv if a != "--report_only")  # the command that runs (or resumes) it
+    summary = {"command": "python -m keras_skipinit.sweep " + command, "settings": _settings(args),
+               "machines": sorted({r.get("machine", "?") for r in runs}), "runs": len(runs),
+               "run_time_s": seconds, "cells": details}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(run_dir.strict_json(summary), f, indent=1)
+    return text
+
+
+def arch(args, depth="n"):
+    """The architecture's name for tables and plots, e.g. WRN-16-1, ResNet-20."""
+    if args.model == "wrn":
+        return f"WRN-{depth}-{args.width}"
+    return f"ResNet-{depth}" + {"resnet_v1": " V1", "resnet_v2": " V2", "cifar_resnet": " (CIFAR)"}[args.model]
+
+
+def _settings(args):
+    return {k: v for k, v in vars(args).items() if k not in ("argv", "out", "runs_dir")}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_table1(details, args):
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(args.depths), figsize=(5 * len(args.depths), 7), sharex="col", squeeze=False)
+    for col, depth in enumerate(args.depths):
+        acc_ax, ce_ax = axes[0][col], axes[1][col]
+        acc_ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--")
+        for i, key in enumerate(args.methods):
+            cell = details.get(f"{key}/depth{depth}")
+            if not cell:
+                continue
+            color, rows = f"C{i}", cell["test_top1"]
+            xs = [math.log2(r["lr"]) for r in rows]
+            acc_ax.plot(xs, [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows], "o-", color=color,
+                        label=METHODS[key][0])
+            failed = [x + 0.06 * (i - len(args.methods) / 2) for x, r in zip(xs, rows) if r["mean"] is None]
+            acc_ax.plot(failed, [100 * args.chance_level] * len(failed), "x", color=color, ms=7, mew=2)
+            ce = cell["train_cross_entropy"]
+            ce_ax.plot([math.log2(r["lr"]) for r in ce], [r["mean"] if r["mean"] is not None else np.nan for r in ce],
+                       "o-", color=color)
+        acc_ax.set_title(f"{arch(args, depth)} (x: failed)")
+        ce_ax.set_xlabel("log2 learning rate")
+        ce_ax.set_yscale("log")
+        for ax in (acc_ax, ce_ax):
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"test accuracy %, best {args.best_k} of {args.seeds}")
+    axes[1][0].set_ylabel("training cross-entropy")
+    from matplotlib.lines import Line2D  # every method, also those not (yet) drawn in the last column
+
+    handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHODS[key][0]) for i, key in enumerate(args.methods)]
+    axes[0][-1].legend(handles=handles, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    plt.close(fig)
+
+
+def _plot_curves(runs, args, split):
+    """curves.png: evaluation accuracy after each epoch, per method and depth,
+    mean over seeds with a band of ± one std."""
+    cells = {}
+    for run in runs:
+        if run.get("curve"):
+            cells.setdefault((run["method"], run["depth"]), []).append(run["curve"])
+    if not cells:
+        return
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(args.depths), figsize=(6 * len(args.depths), 4.2), squeeze=False)
+    for ax, depth in zip(axes[0], args.depths):
+        for i, key in enumerate(args.methods):
+            curves = cells.get((key, depth))
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)  # a run still in progress has fewer epochs
+            values = 100 * np.array([c[:n] for c in curves])
+            epochs = np.arange(1, n + 1)
+            mean, std = values.mean(0), values.std(0)
+            ax.plot(epochs, mean, color=f"C{i}", label=f"{METHODS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+            ax.fill_between(epochs, mean - std, mean + std, color=f"C{i}", alpha=0.2)
+        ax.set_title(f"{arch(args, depth)}, {args.dataset}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(f"{split} accuracy %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        low = [100 * min(c) for (k, d), cs in cells.items() if d == depth for c in cs]
+        if low:
+            ax.set_ylim(max(min(low) - 2, 100 * args.chance_level - 2), 100)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "curves.png"), dpi=110)
+    plt.close(fig)
+
+
+def _plot_depth(details, args):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--", label="chance")
+    for i, key in enumerate(args.methods):
+        points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+        if not points:
+            continue
+        xs = np.array([d for d, _ in points], float) * (1 + 0.02 * (i - len(args.methods) / 2))
+        ax.errorbar(xs, [100 * c["mean"] for _, c in points], yerr=[100 * c["std"] for _, c in points], marker="o",
+                    capsize=3, color=f"C{i}", label=METHODS[key][0])
+        for x, (_, c) in zip(xs, points):
+            ax.scatter([x] * len(c["test_top1"]), [100 * (a if a is not None else args.chance_level) for a in c["test_top1"]],
+                       s=8, color=f"C{i}", alpha=0.4)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(args.depths, [str(d) for d in args.depths])
+    ax.set_xlabel(f"depth ({arch(args)} layers)")
+    ax.set_ylabel(f"{'validation' if args.validation_examples else 'test'} accuracy % after {args.epochs} epoch(s)")
+    ax.set_title(f"{args.dataset}: lr {', '.join(lr_label(lr) for lr in args.lrs)}, {args.seeds} seeds (dots: runs)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    plt.close(fig)
+
+
+
+
+def _plot_batch_scaling(details, args):
+    """SkipInit Fig. 3: (a) test accuracy, (b) training cross-entropy of the
+    final runs, (c) the rate chosen for accuracy and (d) the rate of lowest
+    training loss, against batch size; error bars over seeds, rates that
+    failed (diverged or at chance) marked x, so the largest stable rate per
+    batch size shows below them."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), sharex=True)
+    (acc_ax, ce_ax), (lr_ax, lr_ce_ax) = axes
+    for i, key in enumerate(args.methods):
+        cells = [details[f"{key}/batch{b}"] for b in args.batch_sizes if f"{key}/batch{b}" in details]
+        if not cells:
+            continue
+        color, label = f"C{i}", METHODS[key][0]
+        shift = 2 ** (0.04 * (i - len(args.methods) / 2))  # methods side by side at one batch size
+        done = [c for c in cells if c["mean"] is not None]
+        acc_ax.errorbar([c["batch_size"] * shift for c in done], [100 * c["mean"] for c in done],
+                        yerr=[100 * c["std"] for c in done], marker="o", capsize=3, color=color, label=label)
+        with_ce = [c for c in cells if c["ce_mean"] is not None]
+        ce_ax.errorbar([c["batch_size"] * shift for c in with_ce], [c["ce_mean"] for c in with_ce],
+                       yerr=[c["ce_std"] for c in with_ce], marker="o", capsize=3, color=color)
+        for ax, field in ((lr_ax, "lr"), (lr_ce_ax, "lr_lowest_loss")):
+            chosen = [c for c in cells if c[field]]
+            ax.plot([c["batch_size"] * shift for c in chosen], [c[field] for c in chosen], "o-", color=color)
+            failed = [(c["batch_size"] * shift, lr) for c in cells for lr in c["failed_lrs"]]
+            ax.plot([b for b, _ in failed], [lr for _, lr in failed], "x", color=color, ms=7, mew=2)
+    acc_ax.set_ylabel("test accuracy % (final runs)")
+    ce_ax.set_ylabel("training cross-entropy (no L2)")
+    ce_ax.set_yscale("log")
+    lr_ax.set_ylabel("learning rate chosen (x: failed)")
+    lr_ce_ax.set_ylabel("learning rate of lowest training loss")
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    for ax in (lr_ax, lr_ce_ax):
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_xticks(args.batch_sizes, [str(b) for b in args.batch_sizes])
+    acc_ax.legend(fontsize=7)
+    fig.suptitle(f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    plt.close(fig)

@@ -1,0 +1,163 @@
+"""Runs a sweep: asks the protocol what may run now, hands those runs to the
+executor (this process, or Ray tasks), and records each result as it comes
+back (one writer) before asking again."""
+
+import dataclasses
+import math
+import os
+import time
+
+from keras_skipinit import executors
+from keras_skipinit import machine as machine_lib
+from keras_skipinit.sweep import log, protocol
+from keras_skipinit.sweep.presets import METHODS
+
+# The training.Config fields that make two sweeps different experiments (the method, depth, batch,
+# rate and seed are a run's ident). Not: speed settings, paths, and --mixed_precision=auto, which
+# differs by machine on purpose.
+_EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
+               "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
+               "mixup_alpha")
+
+
+def config(settings, run):
+    """A run's training.Config. Runs that choose the learning rate evaluate on
+    --validation_examples held out of the training set; final runs train on
+    all of it and evaluate on the test set. With --micro_batch_size, a batch
+    is accumulated from micro-batches of at most that size (SkipInit §3)."""
+    from keras_skipinit import training
+
+    key, depth, batch, lr, seed, phase = run
+    overrides = dict(METHODS[key][1])
+    if overrides["normalization"] in ("batchnorm", "ghost_batchnorm") and settings.bn_momentum is not None:
+        overrides["bn_momentum"] = settings.bn_momentum
+    if overrides["normalization"] == "ghost_batchnorm" and settings.ghost_batch_size:
+        overrides["ghost_batch_size"] = settings.ghost_batch_size
+    micro = min(batch, settings.micro_batch_size or batch)
+    name = f"{key}_d{depth}" + (f"_b{batch}" if settings.protocol == "batch_scaling" else "")
+    return training.Config(
+        model=settings.model, depth=depth, width=settings.width, learning_rate=lr, epochs=settings.epochs,
+        schedule=settings.schedule, batch_size=batch, accumulation_steps=batch // micro,
+        steps_per_epoch=settings.steps_per_epoch, dataset=settings.dataset, data_dir=settings.data_dir,
+        train_examples=settings.train_examples, seed=seed, verbose=0,
+        validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
+        mixed_precision=resolve_precision(settings.mixed_precision), xla=settings.xla,
+        loop_blocks=settings.loop_blocks,
+        model_dir=os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
+                               + ("_final" if phase == protocol.FINAL else "")),
+        **overrides,
+    )
+
+
+def resolve_precision(mixed_precision):
+    """--mixed_precision=auto: bfloat16 where this CPU has bfloat16
+    instructions (1.14-1.42x faster than float32 there), float32 elsewhere
+    (emulated bfloat16 ran at 0.17x); benchmarks/README.md. Each run records
+    the precision it used (results.json config)."""
+    if mixed_precision != "auto":
+        return mixed_precision
+    return "bfloat16" if machine_lib.cpu_has_native_bfloat16() else "none"
+
+
+def check_same_experiment(settings, done, path):
+    """Refuses to mix experiments in one --out: every recorded run's training
+    settings must be those this sweep would give it (issue 32.2)."""
+    for run_id, run in done.items():
+        recorded = (run.get("results") or {}).get("config") or {}
+        if run_id[0] not in METHODS:
+            raise ValueError(f"{path} holds runs of method {run_id[0]!r}, which this version does not know")
+        wanted = dataclasses.asdict(config(settings, run_id))
+        differ = [f"{k} {recorded[k]!r} there, {wanted[k]!r} here" for k in _EXPERIMENT
+                  if k in recorded and recorded[k] != wanted[k]]
+        if differ:
+            raise ValueError(f"{path} holds runs of another experiment ({'; '.join(differ)}; run "
+                             f"{run_label(run_id, settings)}): give this sweep an --out of its own, or the other one's flags")
+
+
+def check_cells(settings):
+    """Refuses, before any run, a cell that train.py would refuse on this
+    model (a method, a depth, a batch): not hours into the sweep."""
+    from keras_skipinit import training
+
+    for key, depth, batch in protocol.cells(settings):
+        try:
+            training.validate(config(settings, (key, depth, batch, 0.1, 0, protocol.SELECT)))
+        except ValueError as e:
+            where = f"depth {depth}" + (f", batch {batch}" if settings.protocol == "batch_scaling" else "")
+            raise ValueError(f"--methods={key} at {where} with --model={settings.model}: {e}") from None
+
+
+def run_label(run, settings):
+    key, depth, batch, lr, seed, phase = run
+    shown = settings.protocol == "batch_scaling"
+    return (f"{key} depth {depth}" + (f" batch {batch}" if shown else "") + f" lr {protocol.lr_label(lr)} seed {seed}"
+            + (" (final)" if phase == protocol.FINAL else ""))
+
+
+def executor_for(settings):
+    if settings.executor == "sequential":
+        return executors.make("sequential")
+    return executors.make("ray", address=settings.ray_address, cpus_per_run=settings.cpus_per_run,
+                          gpus_per_run=settings.gpus_per_run, max_retries=settings.max_retries)
+
+
+def record(settings, run, outcome):
+    """The runs.jsonl line of a finished run."""
+    key, depth, batch, lr, seed, phase = run
+    result = outcome["result"]
+    results = {k: v for k, v in result.items() if k != "chief"}
+    # Paths relative to --out: no machine's directories in committed results.
+    results["config"] = {**results["config"],
+                         "model_dir": os.path.relpath(results["config"]["model_dir"], settings.out)}
+    return {"model": settings.model, "method": key, "depth": depth, "width": settings.width, "batch_size": batch,
+            "accumulation_steps": results["config"].get("accumulation_steps", 1), "lr": lr,
+            "log2_lr": math.log2(lr), "seed": seed, "phase": phase, "status": result["status"],
+            "test_top1": result["test_top1"], "eval_split": result.get("eval_split", "test"),
+            "train_cross_entropy": result["train_cross_entropy"], "curve": outcome["curve"],
+            "wall_time_s": result["wall_time_s"], "machine": outcome["machine"], "results": results}
+
+
+def run_sweep(settings):
+    """Runs the sweep: every run the protocol allows goes to the executor
+    (--executor: this process, one run at a time; or Ray tasks, all at once),
+    and each result is recorded here as it comes back, before the pending
+    runs are decided again. Returns every recorded run."""
+    os.makedirs(settings.out, exist_ok=True)
+    path = os.path.join(settings.out, log.LOG)
+    done = log.load(path, repair=True)
+    others = sorted({r.get("model", "wrn") for r in done.values()} - {settings.model})
+    if others:
+        raise ValueError(f"{path} holds runs of --model={others[0]}, not --model={settings.model}: "
+                         "give this sweep an --out of its own")
+    check_same_experiment(settings, done, path)
+    check_cells(settings)
+    executor = executor_for(settings)
+    cells = set(protocol.cells(settings))
+    done_before = sum(run_id[:3] in cells for run_id in done)
+    start, new, in_flight = time.time(), 0, {}
+    try:
+        while True:
+            pending = [run for run in protocol.pending_runs(settings, done) if run not in in_flight]
+            for run in pending[: executor.capacity - len(in_flight)]:
+                in_flight[run] = config(settings, run)
+                executor.submit(run, in_flight[run])
+            if not in_flight:
+                break
+            run, outcome = executor.wait()
+            in_flight.pop(run)
+            line = record(settings, run, outcome)
+            log.append(path, line)
+            done[protocol.ident(*run)] = line
+            new += 1
+            running, queued = executor.in_flight()
+            finished, left = done_before + new, protocol.runs_left(settings, done)
+            eta = (time.time() - start) / new * left  # this sweep's throughput so far
+            acc = "—" if line["test_top1"] is None else f"{100 * line['test_top1']:.1f}%"
+            busy = f"{running} running, {queued} queued; " if settings.executor != "sequential" else ""
+            print(f"[{finished}/{finished + left}] {run_label(run, settings)}: {line['status']}, {line['eval_split']} {acc}, "
+                  f"{line['wall_time_s']:.0f} s; {busy}about {eta / 60:.0f} min left", flush=True)
+    except executors.RunFailed as e:
+        raise ValueError(f"run {run_label(e.ident, settings)}: {e}") from None
+    finally:
+        executor.close()
+    return list(done.values())
