@@ -45,8 +45,9 @@ flags.DEFINE_enum("format", "saved_model", ["saved_model", "litert", "onnx"],
 flags.DEFINE_string("base_path", None, "--format=saved_model: TF Serving model base path (parent of <model_name>/).")
 flags.DEFINE_string("output", None, "--format=litert|onnx: the file to write (.tflite / .onnx).")
 flags.DEFINE_enum("quantize", None, ["float16", "int8"],
-                  "--format=litert: float16 weights, or full-integer int8 calibrated on --calibration_images training "
-                  "images of the run's dataset (the input stays uint8 images). The check then reports accuracy.")
+                  "--format=litert: float16 weights, or full-integer int8; --format=onnx: int8 (ONNX Runtime's static "
+                  "quantization). int8 is calibrated on --calibration_images training images of the run's dataset "
+                  "(the input stays uint8 images). The check then reports accuracy.")
 flags.DEFINE_integer("check_images", 500, "Images of the run's evaluation split the written file is checked on.",
                      lower_bound=1)
 flags.DEFINE_integer("calibration_images", 200, "Training images that calibrate --quantize=int8.", lower_bound=1)

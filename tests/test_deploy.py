@@ -82,28 +82,30 @@ def trained_run(tmp_path_factory):
 
 
 def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path, trained_run):
-    """float16 and int8 (calibrated on the run's training images): the check
-    reports the file's test accuracy beside the float model's, not a
-    tolerance; labels.txt holds the names train.py recorded."""
+    """LiteRT float16 and int8, ONNX int8 (calibrated on the run's training
+    images): the check reports the file's test accuracy beside the float
+    model's, not a tolerance; labels.txt holds the names train.py recorded."""
     _require_export()
-    for quantize in ("float16", "int8"):
-        out = tmp_path / quantize / "m.tflite"
+    sizes = {}
+    for fmt, quantize in (("litert", "float16"), ("litert", "int8"), ("onnx", "int8")):
+        out = tmp_path / f"{fmt}_{quantize}" / f"m{deploy.SUFFIXES[fmt]}"
         out.parent.mkdir()
-        proc = run_export(f"--source={trained_run}", "--format=litert", f"--quantize={quantize}", f"--output={out}",
+        proc = run_export(f"--source={trained_run}", f"--format={fmt}", f"--quantize={quantize}", f"--output={out}",
                           "--check_images=100", "--calibration_images=20")
         assert proc.returncode == 0, proc.stderr[-2000:]
-        report = json.loads((tmp_path / quantize / "m.tflite.check.json").read_text())
+        report = json.loads(out.with_name(out.name + ".check.json").read_text())
         assert report["quantize"] == quantize and report["tolerance"] is None and report["images"] == 100
         assert abs(report["file_top1"] - report["keras_top1"]) < 0.1 and "top-1" in proc.stdout
-        assert (tmp_path / quantize / "labels.txt").read_text().split() == [str(d) for d in range(10)]
-    sizes = {q: (tmp_path / q / "m.tflite").stat().st_size for q in ("float16", "int8")}
-    assert sizes["int8"] < 0.7 * sizes["float16"]
+        assert (out.parent / "labels.txt").read_text().split() == [str(d) for d in range(10)]
+        assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".check.json", "labels.txt"])
+        sizes[fmt, quantize] = out.stat().st_size
+    assert sizes["litert", "int8"] < 0.7 * sizes["litert", "float16"]
 
 
 @pytest.mark.parametrize("flags,match", [
     (["--format=litert"], "needs --output"),
     (["--output=X/m.tflite", "--base_path=X"], "--output and --quantize are for"),
-    (["--format=onnx", "--output=X/m.onnx", "--quantize=int8"], "not offered for --format=onnx"),
+    (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),
     (["--format=litert", "--output=X/missing/m.tflite"], "does not exist"),
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
