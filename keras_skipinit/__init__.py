@@ -15,14 +15,15 @@ if _startup.our_command():  # before Keras loads TensorFlow: our commands start 
     _startup.check_backend()
     _startup.quiet_start()
 
-# optimizers and schedules register the optimizer and schedule saved in .keras files.
-from keras_skipinit import analysis, applications, layers, lsuv, normalization, optimizers, schedules
+# Importing the package registers every layer, optimizer and schedule a .keras file of ours names
+# (looped: RepeatedBlocks, of --loop_blocks models).
+from keras_skipinit import analysis, applications, layers, looped, lsuv, normalization, optimizers, schedules
 from keras_skipinit.layers import FixupBias, GhostBatchNormalization, SkipInitScale
 
 __version__ = "0.1.0"
 TENSORFLOW_MODULES = ("data", "run_dir", "serving", "sweep", "tfds_prepare", "training", "train_cli", "export_cli")
 __all__ = [
-    "analysis", "applications", "layers", "lsuv", "normalization", "optimizers", "schedules",
+    "analysis", "applications", "layers", "looped", "lsuv", "normalization", "optimizers", "schedules",
     *TENSORFLOW_MODULES, "FixupBias", "GhostBatchNormalization", "SkipInitScale",
 ]
 

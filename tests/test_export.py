@@ -258,11 +258,14 @@ except TypeError as e:
 """
 
 
-def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path):
+@pytest.mark.parametrize("kwargs", [dict(normalization="fixup"), dict(normalization="nf", loop_blocks=True)],
+                         ids=["fixup", "nf-looped"])
+def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path, kwargs):
     """Documented in README: Keras 3 imports only its own packages' modules
-    named in a .keras file, so the package must be imported first."""
+    named in a .keras file, so the package must be imported first; importing
+    it is enough, also for a looped model (issue 32.4: RepeatedBlocks)."""
     path = str(tmp_path / "m.keras")
-    apps.WideResNet(10, 1, normalization="fixup").save(path)
+    apps.WideResNet(22, 1, **kwargs).save(path)  # 3 blocks a stage: 2 identical ones loop
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     for mode, want in (("import", "loaded"), ("plain", "TypeError")):
         proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, path, mode], capture_output=True, text=True,
