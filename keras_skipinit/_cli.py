@@ -3,7 +3,7 @@
 import os
 import sys
 
-from absl import app
+from absl import app, flags
 
 
 def program(default):
@@ -12,11 +12,21 @@ def program(default):
     return default if base in ("", "__main__.py", "-c") else base
 
 
-def run(main, usage):
+def run(main, usage, name):
     """absl's app.run with this command's usage text, also when started
-    through pip's wrapper script (whose module has no docstring)."""
+    through pip's wrapper script (whose module has no docstring). Bad flags
+    (an unknown one, a value outside its enum or bounds) are one line and exit
+    status 2, as every other bad input (absl's own: FATAL, status 1)."""
     sys.modules["__main__"].__doc__ = usage
-    app.run(main)
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            print(f"{program(name)}: error: {e} (--helpfull lists the flags)", file=sys.stderr)
+            sys.exit(2)
+
+    app.run(main, flags_parser=parse)
 
 
 def tensorflow_env():

@@ -166,4 +166,4 @@ def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
     if keras.backend.backend() != "tensorflow":
         _cli.rerun_on_tensorflow()
-    _cli.run(main, USAGE)
+    _cli.run(main, USAGE, "export")

@@ -210,4 +210,4 @@ def _export_on_tensorflow(model_dir, name):
 
 def run():
     """Console entry point (keras-skipinit-train); `python train.py` calls it too."""
-    _cli.run(main, USAGE)
+    _cli.run(main, USAGE, "train.py")

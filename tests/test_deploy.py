@@ -104,6 +104,7 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
 
 @pytest.mark.parametrize("flags,match", [
     (["--format=litert"], "needs --output"),
+    (["--format=tflite", "--output=X/m.tflite"], "--format=tflite: value should be one of <saved_model|litert|onnx>"),
     (["--output=X/m.tflite", "--base_path=X"], "--output and --quantize are for"),
     (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),

@@ -276,13 +276,18 @@ def test_divergence_is_recorded_not_crashed(tmp_path):
         ("--learning_rate=-1", "learning_rate"),
         ("--normalization=layernorm", "normalization"),
         ("--alpha_init=half", "alpha_init"),
+        ("--shortcut=C", "shortcut"),
+        ("--epochs=0", "epochs"),
+        ("--no_such_flag=1", "no_such_flag"),
     ],
 )
 def test_cli_bad_flags_give_one_line_errors(flag, match):
+    """Exit status 2 and one line for every bad flag (issue 32.6: absl's own
+    flag errors were 'FATAL Flags parsing error', status 1)."""
     proc = run_cli(flag, "--epochs=1")
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    assert match in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert match in line and line.startswith("train.py: error:")
 
 
 def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
