@@ -1,5 +1,5 @@
 """A quiet start for our commands (train.py, python -m export, the sweep,
-the console scripts, the benchmarks).
+the console scripts, the scripts in benchmarks/).
 
 TensorFlow prints C++ start-up lines on import and on the first device
 query, before its logging reads TF_CPP_MIN_LOG_LEVEL: "All log messages
@@ -36,7 +36,9 @@ def our_command():
         module = argv[argv.index("-m") + 1]
         return module == "export" or module.startswith("keras_skipinit")
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return script == "train.py" or script.startswith("keras-skipinit-")
+    folder = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) if sys.argv and sys.argv[0] else ""
+    return script == "train.py" or script.startswith("keras-skipinit-") or (folder == "benchmarks"
+                                                                          and script.endswith(".py"))
 
 
 def _training_command():

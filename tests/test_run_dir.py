@@ -312,6 +312,7 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
     ["-m", "export", "--no_such_flag"],
     ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
     [os.path.join(os.path.dirname(sys.executable), "keras-skipinit-train"), "--no_such_flag"],
+    [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
 ])
 def test_commands_start_without_tensorflow_start_up_lines(command):
     """They printed TensorFlow's C++ start-up lines (twice for train.py, with
