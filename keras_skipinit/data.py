@@ -186,19 +186,24 @@ def imagenet_train_preprocess(image, key, flip=True):
     image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
-    return _imagenet_normalize(image)
+    return imagenet_normalize(image)
 
 
 def imagenet_eval_preprocess(image):
-    """Resize the shorter side to 256, center-crop 224."""
+    """Resize the shorter side to 256, center-crop 224, normalize."""
+    return imagenet_normalize(imagenet_resize_crop(image))
+
+
+def imagenet_resize_crop(image):
+    """Resize the shorter side to 256, center-crop 224 (float pixels)."""
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
     scale = 256.0 / tf.reduce_min(shape)
     image = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
-    image = tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
-    return _imagenet_normalize(image)
+    return tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
 
 
-def _imagenet_normalize(image):
+def imagenet_normalize(image):
+    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
     return (tf.cast(image, tf.float32) - IMAGENET_MEAN[: image.shape[-1]]) / IMAGENET_STD[: image.shape[-1]]
 
 

@@ -36,11 +36,10 @@ import tensorflow as tf
 
 from keras_skipinit import data as data_lib, looped, serving
 
-FORMATS = ("saved_model", "litert", "onnx")
 SUFFIXES = {"litert": ".tflite", "onnx": ".onnx"}
 QUANTIZATIONS = {"litert": ("float16", "int8"), "onnx": ("int8",)}
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
-_PACKAGES = {"litert": ("ai_edge_litert", "ai-edge-litert"), "onnx": ("onnxruntime", "onnxruntime tf2onnx")}
+_MODULES = {"litert": ("ai_edge_litert",), "onnx": ("onnxruntime", "tf2onnx")}  # each module's package: "_" -> "-"
 ONNX_OPSET = 17
 
 
@@ -48,22 +47,17 @@ def require(fmt):
     """The runtime `fmt` needs, or a one-line ValueError saying what to install."""
     import importlib.util
 
-    module, packages = _PACKAGES[fmt]
-    names = [module] + (["tf2onnx"] if fmt == "onnx" else [])
-    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    missing = [name for name in _MODULES[fmt] if importlib.util.find_spec(name) is None]
     if missing:
         raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\" "
-                         f"(or pip install {packages})")
+                         f"(or pip install {' '.join(name.replace('_', '-') for name in _MODULES[fmt])})")
 
 
 def preprocess_batch(images, preprocessing):
     """The evaluation preprocessing of a whole uint8 batch, in built-in ops."""
-    x = tf.cast(images, tf.float32)
     if preprocessing == "imagenet":
-        channels = images.shape[-1]
-        mean = tf.constant(data_lib.IMAGENET_MEAN[:channels], tf.float32)
-        std = tf.constant(data_lib.IMAGENET_STD[:channels], tf.float32)
-        return (x - mean) / std
+        return data_lib.imagenet_normalize(images)
+    x = tf.cast(images, tf.float32)
     count = float(np.prod(images.shape[1:]))
     mean = tf.reduce_mean(x, axis=[1, 2, 3], keepdims=True)
     std = tf.sqrt(tf.reduce_mean(tf.square(x - mean), axis=[1, 2, 3], keepdims=True))
@@ -84,11 +78,8 @@ def _archive(model, preprocessing, directory):
     if preprocessing == "imagenet" and (height, width) != (data_lib.IMAGENET_SIZE,) * 2:
         raise ValueError(f"preprocessing=imagenet needs a {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE} model, "
                          f"has {height}x{width}")
-    softmax = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
-
     def serve(images):
-        outputs = model(preprocess_batch(images, preprocessing), training=False)
-        return {"probabilities": tf.cast(outputs if softmax else tf.nn.softmax(outputs), tf.float32)}
+        return {"probabilities": serving.probabilities(model, preprocess_batch(images, preprocessing))}
 
     spec = tf.TensorSpec([None, height, width, channels], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
@@ -230,13 +221,10 @@ def keras_probabilities(model, images, preprocessing, batch=64):
     for i in range(0, len(images), batch):
         chunk = tf.constant(images[i : i + batch])
         if preprocessing == "imagenet":
-            x = (tf.cast(chunk, tf.float32) - data_lib.IMAGENET_MEAN[: chunk.shape[-1]]) / data_lib.IMAGENET_STD[: chunk.shape[-1]]
+            x = data_lib.imagenet_normalize(chunk)
         else:
             x = tf.map_fn(tf.image.per_image_standardization, chunk, fn_output_signature=tf.float32)
-        y = model(x, training=False)
-        if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
-            y = tf.nn.softmax(y)
-        outputs.append(keras.ops.convert_to_numpy(tf.cast(y, tf.float32)))
+        outputs.append(serving.probabilities(model, x).numpy())
     return np.concatenate(outputs)
 
 
@@ -274,13 +262,8 @@ def images_of(dataset, split, count, imagenet):
     images, labels = [], []
     for image, label in ds.take(count):
         if imagenet:
-            image = tf.cast(tf.round(tf.clip_by_value(_resize_crop(image), 0, 255)), tf.uint8)
+            image = tf.cast(tf.round(tf.clip_by_value(data_lib.imagenet_resize_crop(image), 0, 255)), tf.uint8)
         images.append(image.numpy())
         labels.append(int(label))
     return np.stack(images), np.array(labels)
 
-
-def _resize_crop(image):
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    size = tf.cast(tf.round(shape * 256.0 / tf.reduce_min(shape)), tf.int32)
-    return tf.image.resize_with_crop_or_pad(tf.image.resize(image, size), data_lib.IMAGENET_SIZE, data_lib.IMAGENET_SIZE)

@@ -132,22 +132,26 @@ def fold(model):
 # --- signatures --------------------------------------------------------------------
 
 
+def probabilities(model, x):
+    """The model's class probabilities for a preprocessed batch, float32
+    (a softmax unless its last layer applies one)."""
+    outputs = model(x, training=False)
+    if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
+        outputs = tf.nn.softmax(outputs)
+    return tf.cast(outputs, tf.float32)
+
+
 def _predictions(model, images, k, labels=None):
     """Probabilities and top-k for a preprocessed batch (with class names when
     `labels` are known); an empty batch gives empty outputs (TF's CPU
     convolutions reject a batch of 0)."""
     classes = model.output_shape[-1]
 
-    def run():
-        outputs = model(images, training=False)
-        if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
-            outputs = tf.nn.softmax(outputs)
-        return tf.cast(outputs, tf.float32)
-
-    probabilities = tf.cond(tf.shape(images)[0] > 0, run, lambda: tf.zeros([0, classes], tf.float32))
-    probabilities = tf.ensure_shape(probabilities, [None, classes])
-    scores, top = tf.math.top_k(probabilities, k)
-    outputs = {"probabilities": probabilities, "top_k_classes": top, "top_k_scores": scores}
+    values = tf.cond(tf.shape(images)[0] > 0, lambda: probabilities(model, images),
+                     lambda: tf.zeros([0, classes], tf.float32))
+    values = tf.ensure_shape(values, [None, classes])
+    scores, top = tf.math.top_k(values, k)
+    outputs = {"probabilities": values, "top_k_classes": top, "top_k_scores": scores}
     if labels:
         outputs["top_k_labels"] = tf.gather(tf.constant(list(labels), tf.string), top)
     return outputs
