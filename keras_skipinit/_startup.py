@@ -28,26 +28,32 @@ _NOISE = re.compile(
 )
 
 
+def _invocation():
+    """How this process was started: ("module", name, "") for `python -m
+    name`, else ("script", file name, name of its folder)."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" in argv[:-1]:
+        return "module", argv[argv.index("-m") + 1], ""
+    script = sys.argv[0] if sys.argv else ""
+    folder = os.path.basename(os.path.dirname(os.path.abspath(script))) if script else ""
+    return "script", os.path.basename(script), folder
+
+
 def our_command():
     """Whether this process runs one of our commands, not a user's program
     that imports the package."""
-    argv = getattr(sys, "orig_argv", [])
-    if "-m" in argv[:-1]:
-        module = argv[argv.index("-m") + 1]
-        return module == "export" or module.startswith("keras_skipinit")
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    folder = os.path.basename(os.path.dirname(os.path.abspath(sys.argv[0]))) if sys.argv and sys.argv[0] else ""
-    return script == "train.py" or script.startswith("keras-skipinit-") or (folder == "benchmarks"
-                                                                          and script.endswith(".py"))
+    kind, name, folder = _invocation()
+    if kind == "module":
+        return name == "export" or name.startswith("keras_skipinit")
+    return name == "train.py" or name.startswith("keras-skipinit-") or (folder == "benchmarks" and name.endswith(".py"))
 
 
 def _training_command():
     """train.py and the sweep (export re-runs itself on TensorFlow)."""
-    argv = getattr(sys, "orig_argv", [])
-    if "-m" in argv[:-1]:
-        return argv[argv.index("-m") + 1] in ("keras_skipinit.sweep", "keras_skipinit.train_cli")
-    script = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return script in ("train.py", "keras-skipinit-train")
+    kind, name, _ = _invocation()
+    if kind == "module":
+        return name in ("keras_skipinit.sweep", "keras_skipinit.train_cli")
+    return name in ("train.py", "keras-skipinit-train")
 
 
 def requested_backend():
@@ -83,9 +89,8 @@ def check_backend():
     elif backend == "jax" and importlib.util.find_spec("jax") is None:
         error = 'KERAS_BACKEND=jax needs JAX: pip install -e ".[jax]"'
     if error:
-        argv = getattr(sys, "orig_argv", [])
-        program = f"python -m {argv[argv.index('-m') + 1]}" if "-m" in argv[:-1] else os.path.basename(sys.argv[0])
-        print(f"{program}: error: {error}", file=sys.stderr)
+        kind, name, _ = _invocation()
+        print(f"{'python -m ' if kind == 'module' else ''}{name}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
 

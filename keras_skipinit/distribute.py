@@ -29,7 +29,7 @@ import keras
 
 from keras_skipinit import _startup
 
-BACKENDS = ("tensorflow", "jax")
+BACKENDS = _startup.TRAINING_BACKENDS
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 
 
