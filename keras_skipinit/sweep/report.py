@@ -72,7 +72,7 @@ def depth_table(runs, args):
             if not subset:
                 cells.append(NOT_RUN)
                 continue
-            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in subset]
+            accs = _accuracies(subset, args)
             trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in subset)
             diverged = sum(r["status"] == "diverged" for r in subset)
             cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(subset)} trained"
@@ -99,9 +99,7 @@ def converged_table(runs, args):
             if not selection and not final:
                 continue
             best, rows = summarize(selection, args.best_k, args.chance) if selection else (None, [])
-            tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}")
-                              for r in rows)
-            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in final]
+            accs = _accuracies(final, args)
             trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in final)
             test = (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(final)} trained)"
                     if final else NOT_RUN)
@@ -109,7 +107,7 @@ def converged_table(runs, args):
             if not selection:
                 chosen = f"{lr_label(final[0]['lr'])} (given, --chosen_log2_lrs)"
             else:
-                chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
+                chosen = _chosen(best, rows)
             lines.append(f"| {METHODS[key][0]} | {depth} | {chosen} | {test} | "
                          f"{'—' if paper is None else f'{paper:.1f}'} | "
                          f"{_precisions(selection) or '—'}; {_precisions(final) or '—'} |")
@@ -118,6 +116,18 @@ def converged_table(runs, args):
                                               "mean": float(np.mean(accs)) if final else None,
                                               "std": float(np.std(accs)) if final else None, "paper": paper}
     return "\n".join(lines), details
+
+
+def _accuracies(runs, args):
+    """Each run's evaluation accuracy, a failed (diverged) run counted at chance."""
+    return [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in runs]
+
+
+def _chosen(best, rows):
+    """The chosen rate and where it sits in its grid, then every rate's score:
+    '2^-4 (interior); 2^-5: 91.1, 2^-4: 91.4, ...'."""
+    tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}") for r in rows)
+    return (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
 
 
 def _precisions(runs):
@@ -150,14 +160,11 @@ def batch_scaling_table(runs, args):
             best_ce, ce_rows = (summarize(selection, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
                                 if selection else (None, []))
             failed = [r["lr"] for r in rows if r["mean"] is None]
-            tried = ", ".join(f"{lr_label(r['lr'])}: " + ("—" if r["mean"] is None else f"{100 * r['mean']:.1f}")
-                              for r in rows)
-            accs = [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in final]
+            accs = _accuracies(final, args)
             ces = [r["train_cross_entropy"] for r in final if r["status"] == "completed"]
             micro = (selection or final)[0].get("accumulation_steps", 1)
-            chosen = (f"{lr_label(best['lr'])} ({grid_edge(best, rows)})" if best else "— (all failed)") + f"; {tried}"
             lines.append(
-                f"| {METHODS[key][0]} | {batch} ({batch // micro} x {micro}) | {chosen} | "
+                f"| {METHODS[key][0]} | {batch} ({batch // micro} x {micro}) | {_chosen(best, rows)} | "
                 f"{', '.join(lr_label(lr) for lr in failed) or '—'} | "
                 + (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({len(final)} seeds)" if final else NOT_RUN)
                 + " | " + (f"{np.mean(ces):.3f} ± {np.std(ces):.3f}" if ces else NOT_RUN)
