@@ -150,6 +150,23 @@ def batch_scaling_cifar10():
                 dataset="cifar10")
 
 
+def quantization_fashion_mnist():
+    """Issue 34's int8 study, step 1: WRN-16-1 on all of Fashion-MNIST for
+    batchnorm, skipinit, fixup and nf, 2 seeds each, 2 epochs, at the rates
+    Table 1 converged chose at 12 epochs (nf, never chosen there: BN's rate,
+    NF-ResNets' recipe). Step 2 exports each run float / float16 / int8:
+
+        python -m keras_skipinit.sweep --preset=quantization_fashion_mnist --out=docs/int8_quantization
+        python -m keras_skipinit.sweep.quantization --out=docs/int8_quantization
+
+    Budget and results: docs/int8_quantization/README.md."""
+    return dict(protocol="converged", depths=[16], width=1, methods=["batchnorm", "skipinit", "fixup", "nf"],
+                chosen_log2_lrs=dict(batchnorm=-4, skipinit=-5, fixup=-5, nf=-4), seeds=1, best_k=1,
+                extend_grid=False, final_seeds=2, epochs=2, schedule="cifar", batch_size=128,
+                validation_examples=5000, mixed_precision="auto", **_FASHION)
+
+
 PRESETS = {f.__name__: f for f in (
     skipinit_table1, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch, table1_converged_epochs,
-    table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10)}
+    table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10,
+    quantization_fashion_mnist)}
