@@ -141,3 +141,32 @@ def test_without_the_runtime_the_format_says_what_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ai_edge_litert" else find(name, *a))
     with pytest.raises(ValueError, match=r'needs ai_edge_litert: pip install -e "\.\[export\]"'):
         deploy.require("litert")
+
+
+def test_the_quantization_study_exports_every_final_run_five_ways_and_resumes(tmp_path):
+    """Issue 34.5's step 2 over a sweep's --out: one line per (run, file),
+    float files equal to the Keras model, a second call exports nothing."""
+    _require_export()
+    from keras_skipinit.sweep import log, quantization
+
+    out = tmp_path / "study"
+    out.mkdir()
+    model_dir = out / "runs" / "batchnorm_s0"
+    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    run = {"method": "batchnorm", "depth": 10, "batch_size": 128, "lr": 0.1, "seed": 0, "phase": "final",
+           "status": "completed", "model_dir": "runs/batchnorm_s0"}
+    log.append(str(out / log.LOG), {**run, "seed": 1, "phase": "select"})  # not a final run: not exported
+    log.append(str(out / log.LOG), run)
+    records = quantization.quantize_runs(str(out), check_images=32, calibration_images=8)
+    assert [r["variant"] for r in records] == [quantization.variant_name(f, q) for f, q in quantization.VARIANTS]
+    for r in records:
+        assert r["run"] == "batchnorm_d10_s0" and r["images"] == 32 and r["status"] == "checked"
+        if r["quantize"] == "float32":
+            assert r["max_abs_diff"] < deploy.FLOAT_TOLERANCE and r["file_top1"] == r["keras_top1"]
+    sizes = {r["variant"]: r["bytes"] for r in records}
+    assert sizes["litert int8"] < sizes["litert float16"] < sizes["litert float32"]
+    stamps = sorted(p.stat().st_mtime_ns for p in (model_dir / "exports").iterdir())
+    assert quantization.quantize_runs(str(out), check_images=32, calibration_images=8) == records
+    assert sorted(p.stat().st_mtime_ns for p in (model_dir / "exports").iterdir()) == stamps
+    table = quantization.table(records)
+    assert table.count("| Batch Normalization | 1 |") == 1 and "litert int8" in table and "—" not in table

@@ -1,0 +1,160 @@
+"""Issue 34's int8 study, step 2: every completed final run of a sweep's --out
+exported float32, float16 and int8 (LiteRT) and float32 and int8 (ONNX
+Runtime) by `deploy`, each file's top-1 accuracy measured in its runtime on
+the run's evaluation split beside the Keras model's.
+
+    python -m keras_skipinit.sweep.quantization --out=docs/int8_quantization
+
+One line of ``quantization.jsonl`` per (run, file), appended as each file is
+checked, so a killed study resumes at the next file; ``quantization.md`` is
+the table (mean and std over seeds). The files go to each run's
+``<model_dir>/exports/``.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+LOG = "quantization.jsonl"
+TABLE = "quantization.md"
+# (format, quantize): the five files of every run, float first (the reference for the others' size).
+VARIANTS = (("litert", None), ("litert", "float16"), ("litert", "int8"), ("onnx", None), ("onnx", "int8"))
+
+
+def variant_name(fmt, quantize):
+    return f"{fmt} {quantize or 'float32'}"
+
+
+def final_runs(out):
+    """The completed final runs recorded in `out`'s runs.jsonl, in method then seed order."""
+    from keras_skipinit.sweep import log, protocol
+
+    runs = log.load(os.path.join(out, log.LOG))
+    finals = [r for r in runs.values() if r.get("phase") == protocol.FINAL and r["status"] == "completed"]
+    return sorted(finals, key=lambda r: (r["method"], r["depth"], r["seed"]))
+
+
+def read_log(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _run_key(run):
+    return f"{run['method']}_d{run['depth']}_s{run['seed']}"
+
+
+def quantize_runs(out, check_images=10000, calibration_images=200):
+    """Exports and checks every file not yet in `out`/quantization.jsonl."""
+    from keras_skipinit import data as data_lib, deploy, machine, run_dir, serving
+
+    path = os.path.join(out, LOG)
+    done = {(r["run"], r["variant"]) for r in read_log(path)}
+    finals = final_runs(out)
+    if not finals:
+        raise ValueError(f"{out} has no completed final runs (runs.jsonl): run the sweep's preset first")
+    datasets = {}
+    for run in finals:
+        todo = [(fmt, q) for fmt, q in VARIANTS if (_run_key(run), variant_name(fmt, q)) not in done]
+        if not todo:
+            continue
+        model_dir = os.path.join(out, run["model_dir"])
+        model, preprocessing, _ = serving.load_source(model_dir)
+        config = run_dir.read_spec(model_dir)["config"]
+        name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"))
+        if name not in datasets:
+            dataset = data_lib.load(*name)
+            images, labels = deploy.images_of(dataset, "eval", check_images, False)
+            calibration, _ = deploy.images_of(dataset, "train", calibration_images, False)
+            datasets[name] = (dataset.eval_split, images, labels, calibration)
+        split, images, labels, calibration = datasets[name]
+        os.makedirs(os.path.join(model_dir, "exports"), exist_ok=True)
+        for fmt, quantize in todo:
+            start = time.time()
+            file = os.path.join(model_dir, "exports", f"model_{quantize or 'float32'}{deploy.SUFFIXES[fmt]}")
+            deploy.export_file(model, fmt, file, preprocessing, quantize=quantize,
+                               calibration=calibration if quantize == "int8" else None, overwrite=True)
+            try:
+                report, status = deploy.check(file, model, images, labels, preprocessing, quantize), "checked"
+            except deploy.CheckFailed:  # a float file beyond the tolerance: recorded, not hidden
+                with open(file + ".check.json") as f:
+                    report, status = json.load(f), "check_failed"
+            line = {"run": _run_key(run), "method": run["method"], "depth": run["depth"], "seed": run["seed"],
+                    "lr": run["lr"], "variant": variant_name(fmt, quantize), "format": fmt,
+                    "quantize": quantize or "float32", "status": status, "split": split,
+                    **{k: report[k] for k in ("bytes", "images", "max_abs_diff", "top1_agreement",
+                                              "keras_top1", "file_top1")},
+                    "wall_time_s": round(time.time() - start, 1), "machine": machine.describe()}
+            with open(path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+            print(f"{line['run']} {line['variant']}: top-1 {100 * line['file_top1']:.2f}% "
+                  f"(Keras float {100 * line['keras_top1']:.2f}%), {line['bytes']:,} bytes, "
+                  f"{line['wall_time_s']:.0f} s", flush=True)
+    return read_log(path)
+
+
+def _mean_std(values, scale=100.0, digits=2):
+    values = [scale * v for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def table(records):
+    """Markdown: per method, the Keras float accuracy, then each file's
+    accuracy, its change against the Keras model of the same run, and its size."""
+    from keras_skipinit.sweep.presets import METHODS
+
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    variants = [variant_name(f, q) for f, q in VARIANTS]
+    lines = ["Top-1 test accuracy % of each exported file (mean ± std over seeds; in brackets the change "
+             "against the Keras float model of the same run, in points), file size in KB", "",
+             "| method | seeds | Keras float32 | " + " | ".join(variants) + " |",
+             "|---|---|---|" + "---|" * len(variants)]
+    for method in methods:
+        rows = [r for r in records if r["method"] == method]
+        seeds = sorted({r["seed"] for r in rows})
+        keras_top1 = [next(r["keras_top1"] for r in rows if r["seed"] == s) for s in seeds]
+        cells = []
+        for variant in variants:
+            got = [r for r in rows if r["variant"] == variant]
+            if not got:
+                cells.append("—")
+                continue
+            change = _mean_std([r["file_top1"] - r["keras_top1"] for r in got])
+            cells.append(f"{_mean_std([r['file_top1'] for r in got])} ({change}); {got[0]['bytes'] / 1024:.0f} KB"
+                         + ("" if len(got) == len(seeds) else f"; {len(got)} of {len(seeds)} seeds"))
+        lines.append(f"| {METHODS[method][0]} | {len(seeds)} | {_mean_std(keras_top1)} | " + " | ".join(cells) + " |")
+    failed = [r for r in records if r["status"] != "checked"]
+    if failed:
+        lines += ["", "Float files beyond the tolerance: " + ", ".join(f"{r['run']} {r['variant']}" for r in failed)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
+    parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
+    parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
+    parser.add_argument("--report_only", action="store_true", help="rewrite quantization.md from quantization.jsonl")
+    args = parser.parse_args(argv)
+    if args.check_images < 1 or args.calibration_images < 1:
+        parser.error("--check_images and --calibration_images must be positive")
+    try:
+        records = read_log(os.path.join(args.out, LOG)) if args.report_only else quantize_runs(
+            args.out, args.check_images, args.calibration_images)
+    except ValueError as e:
+        print(f"{parser.prog}: {e}", file=sys.stderr)
+        return 2
+    with open(os.path.join(args.out, TABLE), "w") as f:
+        f.write(table(records))
+    print(f"Wrote {os.path.join(args.out, TABLE)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
