@@ -284,7 +284,7 @@ def main(argv=None):
                 parser.error(f"--normalizations: {name!r} is not one of {norm_lib.NORMALIZATIONS}")
             kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
             try:
-                model = applications.build(args.model, args.depth, args.width if args.model == "wrn" else None,
+                model = applications.build(args.model, args.depth, args.width if applications.architecture(args.model).takes_width else None,
                                            **kwargs)
             except ValueError as e:
                 parser.error(str(e))

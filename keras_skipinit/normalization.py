@@ -82,6 +82,37 @@ def resolve_alpha(alpha_init, num_blocks):
     return ksl._check_finite_number("alpha_init", alpha_init)
 
 
+# The method options and the methods each belongs to.
+OPTION_METHODS = {
+    "virtual_batch_size": ("ghost_batchnorm",),
+    "bn_momentum": ("batchnorm", "ghost_batchnorm"),
+    "alpha_init": ("skipinit", "regularized_skipinit"),
+    "nf_beta": ("nf",),
+}
+
+
+def check_method(normalization, *, preactivation=True, names=None, **options):
+    """The method rules, checked here only (models and train.py alike): the
+    method exists, each option given (not None) belongs to it, and 'nf' gets
+    pre-activation blocks. `names` maps an option to the caller's name for it
+    in the message (train.py's --ghost_batch_size is `virtual_batch_size`)."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}.")
+    names = names or {}
+    for option, value in options.items():
+        if option not in OPTION_METHODS:
+            raise TypeError(f"check_method() got an unknown method option {option!r}")
+        if value is not None and normalization not in OPTION_METHODS[option]:
+            owners = " or ".join(repr(m) for m in OPTION_METHODS[option])
+            raise ValueError(f"{names.get(option, option)} applies only to normalization={owners}, "
+                             f"got normalization={normalization!r}.")
+    if normalization == "nf" and not preactivation:
+        raise ValueError(
+            "normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, "
+            "not a post-activation (V1) ResNet such as ResNet-V1 or CifarResNet."
+        )
+
+
 def resolve(
     normalization,
     *,
@@ -100,31 +131,9 @@ def resolve(
     remat=False,
 ):
     """Validates the method options and returns the `Recipe` for a model."""
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}.")
-    if virtual_batch_size is not None and normalization != "ghost_batchnorm":
-        raise ValueError(
-            "virtual_batch_size applies only to normalization='ghost_batchnorm', "
-            f"got normalization={normalization!r}."
-        )
-    if bn_momentum is not None and normalization not in ("batchnorm", "ghost_batchnorm"):
-        raise ValueError(
-            "bn_momentum applies only to normalization='batchnorm' or 'ghost_batchnorm', "
-            f"got normalization={normalization!r}."
-        )
+    check_method(normalization, preactivation=not v1, virtual_batch_size=virtual_batch_size,
+                 bn_momentum=bn_momentum, alpha_init=alpha_init, nf_beta=nf_beta)
     skipinit = normalization in ("skipinit", "regularized_skipinit")
-    if alpha_init is not None and not skipinit:
-        raise ValueError(
-            "alpha_init applies only to normalization='skipinit' or 'regularized_skipinit', "
-            f"got normalization={normalization!r}."
-        )
-    if nf_beta is not None and normalization != "nf":
-        raise ValueError(f"nf_beta applies only to normalization='nf', got normalization={normalization!r}.")
-    if normalization == "nf" and v1:
-        raise ValueError(
-            "normalization='nf' needs pre-activation blocks: use ResNet-V2 or WideResNet, "
-            "not a post-activation (V1) ResNet such as ResNet-V1 or CifarResNet."
-        )
     if not isinstance(loop_blocks, bool) or not isinstance(remat, bool):
         raise ValueError(f"loop_blocks and remat must be True or False, got {loop_blocks!r}, {remat!r}.")
     if remat and not loop_blocks:
@@ -188,6 +197,9 @@ class BlockOps:
         # and the names of the alpha = 1/sqrt(Var[x]) layers made so far.
         self.expected_var = 1.0
         self._nf_alphas = []
+        # (octaves of downsampling since the stack's input, tensor) after each block or looped run:
+        # the stage outputs `pyramid_outputs` take.
+        self.block_outputs = []
 
     def stack(self, x, specs, block, expansion=1):
         """Residual blocks `specs` [(prefix, filters, stride)] built by
@@ -195,7 +207,7 @@ class BlockOps:
         (`recipe.loop_blocks`), each run of two or more consecutive identity
         blocks (stride 1, input channels = expansion * filters) is one
         `looped.RepeatedBlocks` layer over a template built by `block`."""
-        i = 0
+        i, level = 0, 0
         while i < len(specs):
             prefix, filters, stride = specs[i]
             end = i + 1
@@ -206,6 +218,8 @@ class BlockOps:
                 x = self._repeat(x, [p for p, _, _ in specs[i:end]], block, filters)
             else:
                 x = block(x, self, filters, stride, prefix)
+            level += int(math.log2(stride))
+            self.block_outputs.append((level, x))
             i = end
         return x
 

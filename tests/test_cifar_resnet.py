@@ -12,7 +12,6 @@ import pytest
 from conftest import tf_only
 from keras_skipinit import applications as apps, layers as ksl, looped
 from keras_skipinit.applications import cifar_resnet
-from keras_skipinit.normalization import NORMALIZATIONS
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((4, 16, 16, 3)).astype("float32")
@@ -143,24 +142,6 @@ def test_stem_initialization(stem_init, std, bound):
     assert abs(kernel.std() / std - 1) < 0.1
     if bound:
         assert np.abs(kernel).max() <= bound
-
-
-@pytest.mark.parametrize("normalization", [n for n in NORMALIZATIONS if n != "nf"])
-def test_every_method_round_trips_through_keras_file(normalization, tmp_path):
-    model = apps.CifarResNet(8, input_shape=(16, 16, 3), normalization=normalization, seed=4,
-                             **({"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}))
-    model(X, training=True)
-    for w in model.weights:
-        w.assign(w.numpy() + RNG.normal(0, 0.05, w.shape).astype(w.dtype))
-    path = tmp_path / "m.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path)
-    np.testing.assert_allclose(loaded(X), model(X), atol=1e-6)
-    if keras.backend.backend() == "tensorflow":  # serving is TensorFlow code
-        from keras_skipinit import serving
-
-        # Inference folding for serving is exact here too (option A's shared Fixup bias is kept).
-        np.testing.assert_allclose(serving.fold(model)(X), model(X), rtol=1e-4, atol=1e-6)
 
 
 def test_looped_form_equals_unrolled():

@@ -1,7 +1,19 @@
-"""Model zoo: ResNet-V1/V2, Wide-ResNet and the CIFAR ResNets with a `normalization=` switch."""
+"""Model zoo: ResNet-V1/V2, Wide-ResNet and the CIFAR ResNets with a `normalization=` switch.
+
+By name: `create_model("wrn_16_4", normalization="skipinit")`, `list_models()`;
+the architecture facts the package reads are one table, `ARCHITECTURES`.
+"""
 
 from keras_skipinit.applications.cifar_resnet import CifarResNet
-
+from keras_skipinit.applications.registry import (
+    ARCHITECTURES,
+    MODELS,
+    Architecture,
+    architecture,
+    build,
+    create_model,
+    list_models,
+)
 from keras_skipinit.applications.resnet import (
     ResNet,
     ResNet50V1,
@@ -13,28 +25,14 @@ from keras_skipinit.applications.resnet import (
 )
 from keras_skipinit.applications.wide_resnet import WideResNet
 
-# The architectures by the names train.py, the sweep, analysis and
-# model_spec.json use for them.
-MODELS = ("wrn", "resnet_v1", "resnet_v2", "cifar_resnet")
-
-
-def build(model, depth, width=None, **kwargs):
-    """The zoo's model `model` (one of `MODELS`) of `depth`; `width` is the
-    WRN widening factor (WRN only); keyword arguments go to the constructor."""
-    if model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    if model == "wrn":
-        return WideResNet(depth, width, **kwargs)
-    if width is not None:
-        raise ValueError(f"width applies only to model='wrn', got width={width!r} for model={model!r}")
-    if model == "cifar_resnet":
-        return CifarResNet(depth, **kwargs)
-    return ResNet(depth, 1 if model == "resnet_v1" else 2, **kwargs)
-
-
 __all__ = [
+    "ARCHITECTURES",
     "MODELS",
+    "Architecture",
+    "architecture",
     "build",
+    "create_model",
+    "list_models",
     "CifarResNet",
     "ResNet",
     "ResNet50V1",

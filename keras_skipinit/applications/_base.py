@@ -1,5 +1,6 @@
 """The keras.applications-style builder shared by every model in the zoo."""
 
+import math
 import os
 import sys
 
@@ -38,14 +39,24 @@ def build(
     name,
     default_input_shape,
     seed,
+    pyramid_outputs=False,
+    stem_stride=1,
 ):
     """Validates the common arguments, resolves the recipe, builds the model.
 
     ``body_fn(inputs, ops)`` returns the final feature map (after the last
-    activation); the head here is global pooling + the classifier.
+    activation); the head here is global pooling + the classifier. With
+    `pyramid_outputs` (and include_top=False, pooling=None) the model returns
+    the stage outputs instead, `pyramid(...)`; `stem_stride` is the stride of
+    the body's first residual block input.
     """
     if not isinstance(include_top, bool):
         raise ValueError(f"include_top must be True or False, got {include_top!r}.")
+    if not isinstance(pyramid_outputs, bool):
+        raise ValueError(f"pyramid_outputs must be True or False, got {pyramid_outputs!r}.")
+    if pyramid_outputs and (include_top or pooling is not None):
+        raise ValueError("pyramid_outputs=True returns feature maps: pass include_top=False and pooling=None "
+                         f"(got include_top={include_top!r}, pooling={pooling!r}).")
     if weights is not None and not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
         raise ValueError(
             "weights must be None (random initialization) or the path to an existing "
@@ -72,7 +83,9 @@ def build(
 
     ops = norm_lib.BlockOps(recipe, seed=seed)
     x = body_fn(x, ops)
-    if include_top:
+    if pyramid_outputs:
+        x = pyramid(ops.block_outputs, x, stem_stride)
+    elif include_top:
         x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
         x = ops.head(x, classes, classifier_activation)
     elif pooling == "avg":
@@ -83,3 +96,18 @@ def build(
     if weights is not None:
         model.load_weights(weights)
     return model
+
+
+def pyramid(block_outputs, features, stem_stride):
+    """The stage outputs as keras-hub's `pyramid_outputs`: {"P<l>": the last
+    block output at stride 2**l} for each stride the blocks reach, the
+    deepest level being `features`, the body's final map (after the closing
+    norm-ReLU of pre-activation nets; the other levels are the residual
+    stream, as timm's `features_only` takes them). Strides 4/8/16/32 (P2..P5)
+    for the ImageNet ResNets, 1/2/4 (P0..P2) for the CIFAR nets."""
+    base = int(math.log2(stem_stride))
+    levels = {}
+    for level, tensor in block_outputs:
+        levels[f"P{base + level}"] = tensor
+    levels[f"P{base + block_outputs[-1][0]}"] = features
+    return levels

@@ -87,6 +87,7 @@ def CifarResNet(
     loop_blocks=False,
     remat=False,
     seed=None,
+    pyramid_outputs=False,
 ):
     """ResNet-`depth` for CIFAR (depth = 6n+2: 20, 32, 44, 56, 110, 1202, ...).
 
@@ -102,6 +103,8 @@ def CifarResNet(
         He et al. 2016 use and Fixup's rule 1 names for every layer outside
         the branches) or 'pytorch_default' (U(+-1/sqrt(fan_in)), which the
         Fixup authors' code leaves on its stem: their exact network).
+      pyramid_outputs: with include_top=False, the three stages' outputs as
+        {"P0", "P1", "P2"} at strides 1, 2, 4.
     """
     if shortcut not in SHORTCUTS:
         raise ValueError(f"shortcut must be one of {SHORTCUTS}, got {shortcut!r}.")
@@ -147,4 +150,6 @@ def CifarResNet(
         name=name or f"cifar_resnet{depth}",
         default_input_shape=(32, 32, 3),
         seed=seed,
+        pyramid_outputs=pyramid_outputs,
+        stem_stride=1,
     )

@@ -105,6 +105,7 @@ def ResNet(
     loop_blocks=False,
     remat=False,
     seed=None,
+    pyramid_outputs=False,
 ):
     """A bottleneck ResNet of `depth` (50, 101, 152), `version` 1 or 2.
 
@@ -127,6 +128,10 @@ def ResNet(
         weights (`keras_skipinit.looped`): graph size independent of depth.
       remat: with loop_blocks, recompute each looped block in the backward pass.
       seed: seed for the weight initializers (reproducible models).
+      pyramid_outputs: with include_top=False and pooling=None, return the
+        stage outputs as a dict {"P2", "P3", "P4", "P5"} at strides 4, 8,
+        16, 32 (keras-hub's names: P<l> has stride 2**l), a backbone for
+        detection and segmentation heads.
     """
     if depth not in BLOCKS_PER_STAGE:
         raise ValueError(f"ResNet depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}.")
@@ -161,18 +166,57 @@ def ResNet(
         name=name or f"resnet{depth}v{version}",
         default_input_shape=(224, 224, 3),
         seed=seed,
+        pyramid_outputs=pyramid_outputs,
+        stem_stride=4,
     )
 
 
+_VARIANT_DOC = """Instantiates the ResNet{depth}V{version} architecture{paper}.
+
+    Arguments as `ResNet` (keras.applications' first, then the method's),
+    without `depth` and `version`: include_top, weights, input_tensor,
+    input_shape (default (224, 224, 3)), pooling, classes (default 1000),
+    classifier_activation, name; normalization ('batchnorm', 'skipinit',
+    'fixup', ...), virtual_batch_size, bn_momentum, alpha_init, dropout_rate,
+    use_bias, nf_beta, loop_blocks, remat, seed, pyramid_outputs.
+
+    Returns:
+        A Keras `Model` instance.
+    """
+
+
 def _variant(depth, version):
-    def constructor(*args, **kwargs):
-        return ResNet(depth, version, *args, **kwargs)
+    paper = " (He et al. 2016a, post-activation)" if version == 1 else " (He et al. 2016b, pre-activation)"
+
+    def constructor(
+        include_top=True,
+        weights=None,
+        input_tensor=None,
+        input_shape=None,
+        pooling=None,
+        classes=1000,
+        classifier_activation="softmax",
+        name=None,
+        *,
+        normalization="batchnorm",
+        virtual_batch_size=None,
+        bn_momentum=None,
+        alpha_init=None,
+        dropout_rate=None,
+        use_bias=None,
+        nf_beta=None,
+        loop_blocks=False,
+        remat=False,
+        seed=None,
+        pyramid_outputs=False,
+    ):
+        arguments = dict(locals())
+        del arguments["depth"], arguments["version"]  # the closure's, not arguments
+        return ResNet(depth, version, **arguments)
 
     constructor.__name__ = constructor.__qualname__ = f"ResNet{depth}V{version}"
-    constructor.__doc__ = f"ResNet-{depth} V{version}; arguments as `ResNet` (without depth, version)."
+    constructor.__doc__ = _VARIANT_DOC.format(depth=depth, version=version, paper=paper)
     return constructor
-
-
 ResNet50V1 = _variant(50, 1)
 ResNet101V1 = _variant(101, 1)
 ResNet152V1 = _variant(152, 1)

@@ -69,6 +69,7 @@ def WideResNet(
     loop_blocks=False,
     remat=False,
     seed=None,
+    pyramid_outputs=False,
 ):
     """Wide-ResNet `depth`-`width` (depth = 6k+4, any k: 1000+ layers work).
 
@@ -77,7 +78,8 @@ def WideResNet(
     'regularized_skipinit' (§4); convs have no bias unless `use_bias` or the
     method asks for them. `loop_blocks=True` builds the depth-independent
     looped form (`keras_skipinit.looped`), `remat=True` recomputes its blocks
-    in the backward pass.
+    in the backward pass. `pyramid_outputs=True` (with include_top=False):
+    the three groups' outputs as {"P0", "P1", "P2"} at strides 1, 2, 4.
     """
     if not ksl._is_int(width) or width < 1:
         raise ValueError(f"WideResNet width must be a positive int, got {width!r}.")
@@ -117,4 +119,6 @@ def WideResNet(
         name=name or f"wide_resnet{depth}_{width}",
         default_input_shape=(32, 32, 3),
         seed=seed,
+        pyramid_outputs=pyramid_outputs,
+        stem_stride=1,
     )

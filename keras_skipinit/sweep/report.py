@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from keras_skipinit import run_dir
+from keras_skipinit.applications import registry
 from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import FINAL, SELECT, grid_edge, in_cell, lr_label, run_ident, summarize
 
@@ -222,9 +223,7 @@ def report(runs, args):
 
 def arch(args, depth="n"):
     """The architecture's name for tables and plots, e.g. WRN-16-1, ResNet-20."""
-    if args.model == "wrn":
-        return f"WRN-{depth}-{args.width}"
-    return f"ResNet-{depth}" + {"resnet_v1": " V1", "resnet_v2": " V2", "cifar_resnet": " (CIFAR)"}[args.model]
+    return registry.title(args.model, depth, args.width)
 
 
 def _settings(args):

@@ -1,0 +1,125 @@
+"""Every model family x every normalization, through the registry (timm's
+tests/test_models.py pattern): build, forward, one training step, `.keras`
+round trip, folded-export equality, feature maps. One test per guarantee;
+the per-architecture files test what only that architecture has."""
+
+import inspect
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import BACKEND
+from keras_skipinit import applications as apps
+from keras_skipinit.normalization import NORMALIZATIONS
+
+RNG = np.random.default_rng(0)
+# The smallest member of each family, at a toy input (ResNets: 32x32, stride 32 -> 1x1).
+FAMILIES = {"wrn_10_1": (16, 16, 3), "cifar_resnet8": (16, 16, 3), "resnet50_v1": (32, 32, 3),
+            "resnet50_v2": (32, 32, 3)}
+CASES = [(name, n) for name in FAMILIES for n in NORMALIZATIONS]
+
+
+def _kwargs(normalization):
+    return {"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}
+
+
+def _perturbed(model, x):
+    """Weights moved off their init (zero-init branches, scalars), so that a
+    reload or a fold that drops a parameter changes the output."""
+    model(x, training=True)  # BN moving statistics
+    for w in model.weights:
+        w.assign(w.numpy() + RNG.normal(0, 0.05, w.shape).astype(w.dtype))
+    return model
+
+
+@pytest.mark.parametrize("name,normalization", CASES, ids=[f"{n}-{m}" for n, m in CASES])
+def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tmp_path):
+    shape = FAMILIES[name]
+    model_name, _, _ = apps.registry.parse_name(name)
+    if normalization == "nf" and not apps.ARCHITECTURES[model_name].preactivation:
+        with pytest.raises(ValueError, match="needs pre-activation blocks"):
+            apps.create_model(name, input_shape=shape, normalization=normalization)
+        return
+    model = apps.create_model(name, input_shape=shape, classes=3, normalization=normalization, seed=1,
+                              **_kwargs(normalization))
+    x = RNG.standard_normal((4,) + shape).astype("float32")
+    y = np.array([0, 1, 2, 0])
+    assert model.output_shape == (None, 3)
+    np.testing.assert_allclose(np.asarray(model(x)).sum(axis=1), 1.0, rtol=1e-5)  # softmax
+
+    # One training step moves the weights and gives a finite loss (eagerly: tracing a ResNet-50's
+    # step costs ~10 s; the traced step is train.py's, tested in test_training).
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy", run_eagerly=True)
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    loss = model.train_on_batch(x, y)
+    assert np.isfinite(loss)
+    assert any(not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights))
+
+    _perturbed(model, x)
+    want = np.asarray(model(x, training=False))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in model.layers]
+    np.testing.assert_allclose(loaded(x, training=False), want, atol=1e-6)
+    if BACKEND == "tensorflow":  # serving is TensorFlow code
+        from keras_skipinit import serving
+
+        # Tolerance: float32 reassociation of (W*s) x vs s*(W x).
+        np.testing.assert_allclose(serving.fold(model)(x), want, rtol=1e-4, atol=1e-6)
+
+
+# Where each family's stages end, by the layer names keras.applications uses (ResNet-V2
+# strides in the last block of a stage, so stride 4 ends one block early).
+PYRAMID_LAYERS = {
+    "wrn_10_1": {"P0": "group1_block1_out", "P1": "group2_block1_out", "P2": "post_relu"},
+    "cifar_resnet8": {"P0": "stage1_block1_out", "P1": "stage2_block1_out", "P2": "stage3_block1_out"},
+    "resnet50_v1": {"P2": "conv2_block3_out", "P3": "conv3_block4_out", "P4": "conv4_block6_out",
+                    "P5": "conv5_block3_out"},
+    "resnet50_v2": {"P2": "conv2_block2_out", "P3": "conv3_block3_out", "P4": "conv4_block5_out",
+                    "P5": "post_relu"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_pyramid_outputs_are_the_stage_outputs_of_the_full_model(name):
+    shape = (64, 64, 3) if name.startswith("resnet") else FAMILIES[name]
+    features = apps.create_model(name, input_shape=shape, include_top=False, pyramid_outputs=True, seed=3)
+    full = apps.create_model(name, input_shape=shape, classes=3, seed=3)
+    x = RNG.standard_normal((2,) + shape).astype("float32")
+    got = features(x)
+    assert sorted(got) == sorted(PYRAMID_LAYERS[name])
+    for key, layer in PYRAMID_LAYERS[name].items():
+        stride = 2 ** int(key[1:])
+        assert got[key].shape[1:3] == (shape[0] // stride, shape[1] // stride), key
+        want = keras.Model(full.input, full.get_layer(layer).output)(x)
+        np.testing.assert_allclose(got[key], want, atol=1e-5, err_msg=key)
+    with pytest.raises(ValueError, match="include_top=False and pooling=None"):
+        apps.create_model(name, input_shape=shape, pyramid_outputs=True)
+
+
+def test_the_registry_lists_and_creates_every_family():
+    names = apps.list_models()
+    assert {apps.registry.parse_name(n)[0] for n in names} == set(apps.MODELS)
+    assert apps.list_models("*_v2") == ["resnet50_v2", "resnet101_v2", "resnet152_v2"]
+    assert "wrn_16_4" in names and "cifar_resnet110" in names
+    # Any valid member of a family, listed or not; parameter counts as the constructors give them.
+    wrn = apps.create_model("wrn_22_2", normalization="skipinit")
+    assert wrn.count_params() == apps.WideResNet(22, 2, normalization="skipinit").count_params()
+    assert wrn.name == "wide_resnet22_2"
+    for bad, match in (("wrn_17_1", "6k\\+4"), ("resnet34_v1", "one of \\[50, 101, 152\\]"), ("vgg16", "unknown model"),
+                       ("cifar_resnet21", "6n\\+2")):
+        with pytest.raises(ValueError, match=match):
+            apps.create_model(bad)
+
+
+def test_named_resnets_have_explicit_signatures_and_docstrings():
+    for make in (apps.ResNet50V1, apps.ResNet101V1, apps.ResNet152V1, apps.ResNet50V2, apps.ResNet101V2,
+                 apps.ResNet152V2):
+        parameters = inspect.signature(make).parameters
+        assert list(parameters)[:8] == ["include_top", "weights", "input_tensor", "input_shape", "pooling", "classes",
+                                        "classifier_activation", "name"]
+        assert {"normalization", "pyramid_outputs", "seed"} <= set(parameters)
+        assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values())
+        assert make.__name__ in make.__doc__ and "Returns" in make.__doc__
