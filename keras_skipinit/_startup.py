@@ -39,9 +39,20 @@ def _invocation():
     return "script", os.path.basename(script), folder
 
 
+QUIET_START_ENV = "KERAS_SKIPINIT_QUIET_START"  # set by the sweep for its Ray workers
+LOG_LEVEL_SET_ENV = "KERAS_SKIPINIT_SET_TF_LOG_LEVEL"  # quiet_start set TF_CPP_MIN_LOG_LEVEL, not the user
+
+
+def log_level_is_users():
+    """Whether TF_CPP_MIN_LOG_LEVEL is the user's own (then nothing is filtered)."""
+    return "TF_CPP_MIN_LOG_LEVEL" in os.environ and os.environ.get(LOG_LEVEL_SET_ENV) != "1"
+
+
 def our_command():
-    """Whether this process runs one of our commands, not a user's program
-    that imports the package."""
+    """Whether this process runs one of our commands (or a sweep's Ray
+    worker), not a user's program that imports the package."""
+    if os.environ.get(QUIET_START_ENV) == "1":
+        return True
     kind, name, folder = _invocation()
     if kind == "module":
         return name == "export" or name.startswith("keras_skipinit")
@@ -99,12 +110,13 @@ def is_noise(line):
 
 
 def quiet_start():
-    """Imports Keras and, on the TensorFlow backend, TensorFlow and its device
-    list, with TensorFlow's start-up lines filtered from stderr (unless
+    """Imports Keras and TensorFlow (on JAX too, where installed) and its
+    device list, with TensorFlow's start-up lines filtered from stderr (unless
     TF_CPP_MIN_LOG_LEVEL is set, or Keras is already imported)."""
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or "keras" in sys.modules:
+    if log_level_is_users() or "keras" in sys.modules:
         return
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    os.environ[LOG_LEVEL_SET_ENV] = "1"  # not the user's: child processes (Ray workers) filter for themselves
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -112,7 +124,9 @@ def quiet_start():
         try:
             import keras
 
-            if keras.backend.backend() == "tensorflow":
+            # On JAX too: our commands read data with tf.data. (Not jax.devices(): it would start
+            # JAX's runtime before jax.distributed.initialize, which must come first.)
+            if keras.backend.backend() == "tensorflow" or importlib.util.find_spec("tensorflow") is not None:
                 import tensorflow as tf
 
                 tf.config.list_physical_devices("GPU")  # cuInit's line comes here, not on import

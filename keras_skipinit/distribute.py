@@ -24,6 +24,7 @@ size (the layer's remainders aside).
 import contextlib
 import json
 import os
+import sys
 
 import keras
 
@@ -116,26 +117,90 @@ def _jax_strategy(name):
 def _jax_processes():
     value = os.environ.get(PROCESS_ENV[0], "1")
     try:
-        return int(value)
+        processes = int(value)
     except ValueError:
-        raise ValueError(f"{PROCESS_ENV[0]} must be an integer, got {value!r}") from None
+        processes = 0
+    if processes < 1:
+        raise ValueError(f"{PROCESS_ENV[0]} must be a positive integer (the number of processes), got {value!r}")
+    return processes
+
+
+COORDINATOR_TIMEOUT_ENV = "KERAS_SKIPINIT_COORDINATOR_TIMEOUT"
+
+
+def process_settings(processes, environ=os.environ):
+    """(process id, coordinator host:port, timeout s) from the
+    KERAS_DISTRIBUTION_* variables of a `processes`-process run, each
+    checked with a one-line ValueError naming the variable: the id an integer
+    in [0, processes), the addresses `host:port` (one, the coordinator, or
+    one per process, the coordinator first)."""
+    missing = [name for name in PROCESS_ENV[1:] if not environ.get(name)]
+    if missing:
+        raise ValueError(f"{PROCESS_ENV[0]}={processes} also needs {' and '.join(missing)} in every process")
+    value = environ[PROCESS_ENV[1]]
+    if not value.strip().isdigit() or int(value) >= processes:
+        raise ValueError(f"{PROCESS_ENV[1]} must be an integer from 0 to {processes - 1} "
+                         f"({PROCESS_ENV[0]}={processes}), got {value!r}")
+    addresses = environ[PROCESS_ENV[2]].split(",")
+    if len(addresses) not in (1, processes):
+        raise ValueError(f"{PROCESS_ENV[2]} must name the coordinator, or all {processes} processes, "
+                         f"got {len(addresses)} addresses")
+    for address in addresses:
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{PROCESS_ENV[2]}: every address must be host:port with a port from 1 to 65535, "
+                             f"got {address!r}")
+    timeout = environ.get(COORDINATOR_TIMEOUT_ENV, "300")
+    if not timeout.isdigit() or int(timeout) < 1:
+        raise ValueError(f"{COORDINATOR_TIMEOUT_ENV} must be a positive number of seconds, got {timeout!r}")
+    return int(value), addresses[0].strip(), int(timeout)
 
 
 _JAX_INITIALIZED = []
 
 
+def _wait_for(address, timeout, who):
+    """Waits until `address` (host:port) accepts a TCP connection; returns
+    the seconds left of `timeout`, or raises a one-line ValueError."""
+    import socket
+    import time
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return max(1, int(deadline - time.monotonic()))
+        except OSError as e:
+            if time.monotonic() + 1 > deadline:
+                raise ValueError(f"{who} could not reach the coordinator at {address} within {timeout} s "
+                                 f"({e.strerror or e}): start process 0 there, or raise {COORDINATOR_TIMEOUT_ENV}") from None
+            time.sleep(1)
+
+
 def _initialize_jax_processes(processes):
-    """keras.distribution.initialize (jax.distributed) once per process, with
-    gloo for the collectives between CPU processes (JAX has none by default)."""
+    """jax.distributed once per process (what keras.distribution.initialize
+    does, plus a bounded, announced wait for the coordinator), with gloo for
+    the collectives between CPU processes (JAX has none by default)."""
     if _JAX_INITIALIZED:
         return
-    missing = [name for name in PROCESS_ENV[1:] if not os.environ.get(name)]
-    if missing:
-        raise ValueError(f"{PROCESS_ENV[0]}={processes} also needs {' and '.join(missing)} in every process")
+    process_id, coordinator, timeout = process_settings(processes)
     import jax
+    from keras.src.backend.jax import distribution_lib  # its initialize_rng: one seed in every process
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    keras.distribution.initialize()
+    if process_id == 0:
+        print(f"Process 0 of {processes}: the coordinator, at {coordinator}; waiting up to {timeout} s "
+              f"({COORDINATOR_TIMEOUT_ENV}) for the other {processes - 1}", file=sys.stderr, flush=True)
+    else:
+        print(f"Process {process_id} of {processes}: connecting to the coordinator at {coordinator} (process 0), "
+              f"waiting up to {timeout} s ({COORDINATOR_TIMEOUT_ENV})", file=sys.stderr, flush=True)
+        # JAX aborts the process (a fatal C++ check, no exception) when the coordinator is not there
+        # in time: wait for its port here, where a missing coordinator can be a one-line error.
+        timeout = _wait_for(coordinator, timeout, f"process {process_id} of {processes}")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes, process_id=process_id,
+                               initialization_timeout=timeout)
+    distribution_lib.initialize_rng()
     _JAX_INITIALIZED.append(True)
 
 

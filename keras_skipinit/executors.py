@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from keras_skipinit import _startup
+
 
 class RunFailed(RuntimeError):
     """A run that raised, or whose worker died more often than it may be
@@ -81,6 +83,33 @@ def _ray_run(config, env):
             time.sleep(5)
 
 
+RAY_CONNECT_TIMEOUT_S = 60
+
+
+def _check_reachable(address):
+    """A host:port cluster address that nothing answers at is a one-line
+    ValueError within RAY_CONNECT_TIMEOUT_S (ray.init retries it without
+    end); 'auto', 'local', ray:// addresses and None are left to Ray."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray_address must be host:port, 'auto' or 'local', got {address!r}")
+    deadline = time.time() + RAY_CONNECT_TIMEOUT_S
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                return
+        except OSError as e:
+            if time.time() + 1 > deadline:
+                raise ValueError(f"no Ray cluster answers at {address} ({e.strerror or e}) after "
+                                 f"{RAY_CONNECT_TIMEOUT_S} s: start one (ray start --head), or leave "
+                                 "--ray_address and RAY_ADDRESS unset for a local instance") from None
+            time.sleep(1)
+
+
 class Ray:
     """Each run a Ray task with its own resources (`cpus_per_run`,
     `gpus_per_run`): Ray queues what the cluster cannot run yet. A task whose
@@ -99,15 +128,27 @@ class Ray:
             raise ValueError("--executor=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)") from None
         self._ray = ray
         if not ray.is_initialized():
+            _check_reachable(address or os.environ.get("RAY_ADDRESS"))
             ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
         self._need = {"CPU": cpus_per_run, "GPU": gpus_per_run}
+        if not self.slots():
+            total = self._ray.cluster_resources()
+            have = ", ".join(f"{total.get(name, 0):g} {name}" for name in self._need)
+            ask = ", ".join(f"{amount:g} {name}" for name, amount in self._need.items())
+            self.close()
+            raise ValueError(f"the Ray cluster has {have}; a run asks for {ask} (--cpus_per_run, --gpus_per_run) "
+                             "and would wait forever: ask for less, or add nodes")
         env = {name: os.environ[name] for name in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL") if name in os.environ}
+        if not _startup.log_level_is_users():  # the user's own level travels; the driver's quiet start's does not
+            env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        env[_startup.QUIET_START_ENV] = "1"  # a worker starts as our commands do, without TF's start-up lines
         if not gpus_per_run:
             threads = str(max(1, int(cpus_per_run)))
             env.update(TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
         self._env = env
+        # In the worker's environment from its start (it imports the package, and TensorFlow, to unpickle the task).
         self._task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_calls=1, max_retries=max_retries,
-                                retry_exceptions=False)(_ray_run)
+                                retry_exceptions=False, runtime_env={"env_vars": env})(_ray_run)
         self._refs = {}
         self.max_retries = max_retries
 

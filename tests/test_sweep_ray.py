@@ -4,6 +4,7 @@ of its own so that what a killed driver leaves behind is cleaned up."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +23,10 @@ def require_ray():
     require_module("ray", 'pip install -e ".[ray]"')
 
 
-def start(args, out, log):
+def start(args, out, log, quiet=True):
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", "RAY_DEDUP_LOGS": "0"}
+    if not quiet:  # as a user starts it: the workers must filter TensorFlow's start-up lines themselves
+        env.pop("TF_CPP_MIN_LOG_LEVEL")
     env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "keras_skipinit.sweep", "--executor=ray", "--ray_address=local", *args,
@@ -69,7 +72,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(
     require_ray()
     out = tmp_path / "sweep"
     with open(tmp_path / "log", "w") as log:
-        proc = start([*TINY, "--methods=skipinit", "--epochs=3", "--steps_per_epoch=10"], out, log)
+        proc = start([*TINY, "--methods=skipinit", "--epochs=3", "--steps_per_epoch=10"], out, log, quiet=False)
     try:
         wait_for(lambda: checkpoints(f"{out}_runs"), proc)  # epoch 1 done
         holder = open(os.path.join(f"{out}_runs", "skipinit_d10_lr0.05_s0", ".lock")).read()
@@ -80,6 +83,12 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(
     (run,) = lines(out)
     assert run["status"] == "completed" and run["results"]["epochs_completed"] == 3
     assert "Resuming from epoch 2" in (tmp_path / "log").read_text()
+    # Issue 32.8: the workers printed TensorFlow's C++ start-up lines (cuInit's among them).
+    from keras_skipinit import _startup
+
+    prefix = re.compile(r"^(\x1b\[\d+m)?\([^)]*\)(\x1b\[0m)? ")  # Ray's "(_ray_run pid=...) ", maybe coloured
+    noise = [line for line in (tmp_path / "log").read_text().splitlines() if _startup.is_noise(prefix.sub("", line))]
+    assert not noise, noise[:5]
 
 
 def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
@@ -117,3 +126,27 @@ def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
         assert pair["ray"]["status"] == pair["seq"]["status"] == "completed"
         assert pair["ray"]["test_top1"] == pytest.approx(pair["seq"]["test_top1"], abs=2e-3)
         assert pair["ray"]["train_cross_entropy"] == pytest.approx(pair["seq"]["train_cross_entropy"], rel=1e-3)
+
+
+def test_a_cluster_that_is_not_there_or_too_small_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """Issue 32.9: ray.init retried a dead address without end; a run asking for more than the
+    cluster has waited forever in silence."""
+    require_ray()
+    import socket
+
+    from keras_skipinit import executors
+
+    with socket.socket() as s:  # a free port, closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(executors, "RAY_CONNECT_TIMEOUT_S", 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for args, words in (([f"--ray_address=127.0.0.1:{port}"], f"no Ray cluster answers at 127.0.0.1:{port}"),
+                        (["--ray_address=local", "--cpus_per_run=512"], "a run asks for 512 CPU")):
+        start = time.time()
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--executor=ray", *args, *TINY, f"--out={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"])
+        assert exit_info.value.code == 2 and time.time() - start < 120
+        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert words in line, line
+    assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")
