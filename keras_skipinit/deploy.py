@@ -232,11 +232,13 @@ class CheckFailed(ValueError):
     """A float export whose outputs differ from the Keras model's beyond the tolerance."""
 
 
-def check(path, model, images, labels, preprocessing, quantize=None):
-    """Runs the file on `images` (uint8) and compares with `model`; writes
-    `<path>.check.json` and returns it. A float export beyond FLOAT_TOLERANCE
-    raises CheckFailed (the file and its report stay, for inspection)."""
-    want = keras_probabilities(model, images, preprocessing)
+def check(path, model, images, labels, preprocessing, quantize=None, want=None):
+    """Runs the file on `images` (uint8) and compares with `model` (or with
+    `want`, its probabilities on them, computed once for several files);
+    writes `<path>.check.json` and returns it. A float export beyond
+    FLOAT_TOLERANCE raises CheckFailed (the file and its report stay)."""
+    if want is None:
+        want = keras_probabilities(model, images, preprocessing)
     got = run_file(path, images)
     report = {
         "file": os.path.basename(path), "bytes": os.path.getsize(path), "quantize": quantize or "none",

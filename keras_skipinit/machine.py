@@ -31,3 +31,45 @@ def describe():
     """One line for results files: CPU, cores, bfloat16 hardware."""
     bf16 = {True: "bfloat16 instructions", False: "no bfloat16 instructions", None: "bfloat16 unknown"}
     return f"{cpu_name()}, {os.cpu_count()} cores, {bf16[cpu_has_native_bfloat16()]}"
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def memory_shortfall(need, batch, have=None):
+    """Why a training step whose activations alone need `need` bytes cannot
+    run here (more than the memory available: the kernel's OOM killer would
+    end it, perhaps with other processes), or None when it fits or the
+    memory is unknown."""
+    have = available_memory_bytes() if have is None else have
+    if have is None or need <= have:
+        return None
+    return (f"a training step at batch {batch} needs at least {need / 2**30:.1f} GiB for activations, more than "
+            f"the {have / 2**30:.1f} GiB of memory available. Lower --batch_size, or raise --accumulation_steps "
+            "(same updates, smaller micro-batches)")
+
+
+def bfloat16_warning(mixed_precision, on_gpu):
+    """A warning when bfloat16 runs on a CPU without bfloat16 hardware:
+    emulated, it is several times slower than float32 (measured 0.17x for
+    WRN-16-1 on an AVX2-only CPU, benchmarks/README.md)."""
+    if mixed_precision != "bfloat16" or on_gpu or cpu_has_native_bfloat16() is not False:
+        return None
+    return ("Warning: --mixed_precision=bfloat16 on a CPU without bfloat16 instructions (no AVX512_BF16/AMX in "
+            "/proc/cpuinfo): it is emulated and several times slower than float32 here; use --mixed_precision=none.")
+
+
+def resolve_precision(mixed_precision):
+    """--mixed_precision=auto: bfloat16 where this CPU has bfloat16
+    instructions (1.14-1.42x faster than float32 there), float32 ('none')
+    elsewhere (emulated bfloat16 ran at 0.17x); benchmarks/README.md. Each
+    run records the precision it used (results.json config)."""
+    if mixed_precision != "auto":
+        return mixed_precision
+    return "bfloat16" if cpu_has_native_bfloat16() else "none"

@@ -78,12 +78,29 @@ class ModelDirInUse(ValueError):
     """Another live process holds the model_dir's lock."""
 
 
+
+def check_writable(path, flag):
+    """A one-line ValueError, before any work, when the directory `path`
+    (made if absent) cannot be written: it is a file, or its nearest
+    existing ancestor is not writable (permissions, a read-only filesystem)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag}={path} is a file, not a directory")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}={path} cannot be written: {existing} is not writable "
+                         "(permissions or a read-only filesystem)")
+
 @contextlib.contextmanager
 def lock(model_dir):
     """Holds model_dir for one process: an exclusive flock on model_dir/.lock
     for the life of the `with` block. The kernel drops it when the process
     ends, killed or not, so no stale lock survives a crash. A second process
-    gets a one-line ValueError naming the holder (pid, host, command)."""
+    gets a one-line ValueError naming the holder (pid, host, command). A
+    model_dir this call made is removed again if the block fails leaving
+    nothing in it but the lock file (a refused run leaves no trace)."""
+    created = not os.path.exists(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     path = os.path.join(model_dir, LOCK)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -98,8 +115,70 @@ def lock(model_dir):
         command = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({command[:200]})\n".encode())
         yield
+    except BaseException:
+        if created and os.listdir(model_dir) == [LOCK]:
+            os.remove(path)
+            os.rmdir(model_dir)
+        raise
     finally:
         os.close(fd)  # releases the flock
+
+
+# Flags that may differ when a model_dir is reused: where things are read or
+# written, how much is shown, and --epochs (raised to continue a run).
+REUSABLE_FLAGS = ("epochs", "data_dir", "manual_dir", "model_dir", "verbose", "checkpoint_steps", "restart",
+                  "ignore_memory_check")
+_RUN_FILES = (SPEC, RESULTS, HISTORY, MODEL, CHECKPOINTS, "tensorboard")
+
+
+def check_not_foreign(model_dir):
+    """Refuses a non-empty directory that holds no run (before anything,
+    even the lock file, is written into it)."""
+    if not os.path.exists(os.path.join(model_dir, SPEC)) and os.path.isdir(model_dir) and (
+        set(os.listdir(model_dir)) - {LOCK}
+    ):
+        raise ValueError(
+            f"--model_dir={model_dir} is not empty and holds no keras_skipinit run ({SPEC}); "
+            "use a new or empty directory"
+        )
+
+
+def check_model_dir(current, defaults, chief=True):
+    """Refuses a model_dir that holds a different run. `current`: the run's
+    training.Config as a dict; `defaults`: Config()'s (for specs written
+    before a field existed). Returns the stored results of a run that is
+    already complete with these flags, else None. With `restart`, the chief
+    first deletes the run's files."""
+    model_dir = current["model_dir"]
+    spec_path = os.path.join(model_dir, SPEC)
+    if current["restart"] and chief and os.path.exists(spec_path):
+        for name in _RUN_FILES:
+            path = os.path.join(model_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
+    if not os.path.exists(spec_path):
+        check_not_foreign(model_dir)
+        return None
+    recorded = {**defaults, **read_spec(model_dir)["config"]}
+    differ = [k for k in current if k not in REUSABLE_FLAGS and recorded.get(k) != current[k]]
+    if differ:
+        changes = ", ".join(f"--{k} ({recorded.get(k)!r} there, {current[k]!r} now)" for k in differ)
+        raise ValueError(
+            f"--model_dir={model_dir} holds a run with other flags: {changes}. Use a new --model_dir, "
+            "or --restart to discard that run"
+        )
+    checkpoints = Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all()
+    trained = checkpoints[0][0] if checkpoints else 0
+    if trained > current["epochs"]:
+        raise ValueError(
+            f"--epochs={current['epochs']} is below the {trained} epochs already trained in {model_dir}; "
+            "raise --epochs, or --restart"
+        )
+    results_path = os.path.join(model_dir, RESULTS)
+    if os.path.exists(results_path):
+        results = read_json(results_path)
+        if results.get("status") == "diverged" or results.get("epochs_completed", 0) >= current["epochs"]:
+            return {**results, "already_complete": True}
+    return None
 
 
 def _read_history(path):
@@ -298,3 +377,10 @@ def newest_model(model_dir):
     if os.path.exists(path):
         return load_keras(path), spec["preprocessing"], path
     raise ValueError(f"{model_dir} has neither a checkpoint nor {MODEL} to export")
+
+
+def eval_metric(results, name):
+    """A results.json's evaluation metric `name` ('top1', 'top5',
+    'cross_entropy') on its eval_split: `eval_<name>`, or `test_<name>` in
+    files written before the metrics were named by split."""
+    return results.get(f"eval_{name}", results.get(f"test_{name}"))

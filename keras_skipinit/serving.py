@@ -272,8 +272,7 @@ def check_target(base_path, model_name):
         )
     if not base_path:
         raise ValueError("base_path must name a directory, got an empty one")
-    if os.path.exists(base_path) and not os.path.isdir(base_path):
-        raise ValueError(f"base_path {base_path} is a file, not a directory")
+    run_dir.check_writable(base_path, "base_path")
 
 
 def model_name_for(path):

@@ -11,7 +11,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, data, normalization, run_dir, schedules, training
+from keras_skipinit import _cli, applications, data, normalization, run_dir, schedules, training
 from keras_skipinit.applications import cifar_resnet
 
 _D = training.Config()
@@ -33,10 +33,10 @@ Examples:
 """
 
 F = flags.FLAGS
-flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: Wide-ResNet, bottleneck ResNet V1/V2, or the CIFAR ResNet-6n+2 "
-                  "(He et al. 2016, option-A shortcuts).")
-flags.DEFINE_integer("depth", _D.depth, "WRN depth (6k+4, e.g. 16, 100, 1000), ResNet depth (50, 101, 152) or CIFAR ResNet depth "
-                     "(6n+2, e.g. 20, 56, 110, 1202).")
+flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: " + "; ".join(
+    f"{name}: {arch.title}" for name, arch in applications.ARCHITECTURES.items()) + ".")
+flags.DEFINE_integer("depth", _D.depth, "Depth; " + "; ".join(
+    f"{name}: {arch.depths}" for name, arch in applications.ARCHITECTURES.items()) + ".")
 flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
 flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
 flags.DEFINE_string(
@@ -111,6 +111,8 @@ flags.DEFINE_string(
     "(checked before training starts).",
 )
 flags.DEFINE_bool("restart", False, "Discard the run in --model_dir (checkpoints, results) and start it over.")
+flags.DEFINE_bool("ignore_memory_check", False, "Train even when one step's activations alone exceed the memory "
+                  "available (refused by default: the kernel's OOM killer would end the run, maybe others too).")
 flags.DEFINE_integer("checkpoint_steps", _D.checkpoint_steps, "Also checkpoint every N steps (0: epochs only).", lower_bound=0)
 flags.DEFINE_integer("verbose", None, "Keras verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
 flags.register_validator("learning_rate", lambda v: v > 0, "--learning_rate must be > 0")
@@ -153,7 +155,7 @@ def main(argv):
         return 3
     print(
         f"{'Validation' if results.get('eval_split') == 'validation' else 'Test'} accuracy: "
-        f"top-1 {results['test_top1']:.4f}, top-5 {results['test_top5']:.4f} "
+        f"top-1 {run_dir.eval_metric(results, 'top1'):.4f}, top-5 {run_dir.eval_metric(results, 'top5'):.4f} "
         f"on {results['num_test']} held-out images ({results['epochs_completed']} "
         f"epoch{'' if results['epochs_completed'] == 1 else 's'}, {results['wall_time_s']:.0f} s). "
         f"Results: {results_path}"

@@ -79,15 +79,20 @@ class Config:
     checkpoint_steps: int = 0
     verbose: int | None = None
     restart: bool = False
+    ignore_memory_check: bool = False
 
 
 def validate(config):
     """Raises ValueError naming the allowed values for any bad setting."""
     c = config
-    if c.model not in MODELS:
-        raise ValueError(f"model must be one of {MODELS}, got {c.model!r}")
-    if c.normalization not in norm_lib.NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {norm_lib.NORMALIZATIONS}, got {c.normalization!r}")
+    arch = applications.architecture(c.model)
+    norm_lib.check_method(c.normalization, preactivation=arch.preactivation, names={"virtual_batch_size": "ghost_batch_size"},
+                          virtual_batch_size=c.ghost_batch_size, bn_momentum=c.bn_momentum, alpha_init=c.alpha_init,
+                          nf_beta=c.nf_beta)
+    applications.registry.check_options(c.model, shortcut=c.shortcut, stem_init=c.stem_init)
+    arch.check_depth(c.depth)  # before the model_dir is made: a refused depth leaves nothing
+    if arch.takes_width and (isinstance(c.width, bool) or not isinstance(c.width, int) or c.width < 1):
+        raise ValueError(f"width must be a positive integer, got {c.width!r}")
     if c.schedule not in schedules.SCHEDULES:
         raise ValueError(f"schedule must be one of {schedules.SCHEDULES}, got {c.schedule!r}")
     if c.mixed_precision not in PRECISIONS:
@@ -106,27 +111,15 @@ def validate(config):
         raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
     if c.steps_per_epoch is not None and c.steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
-    if c.ghost_batch_size is not None and c.normalization != "ghost_batchnorm":
-        raise ValueError("ghost_batch_size applies only to normalization=ghost_batchnorm")
-    if c.bn_momentum is not None and c.normalization not in ("batchnorm", "ghost_batchnorm"):
-        raise ValueError("bn_momentum applies only to normalization=batchnorm or ghost_batchnorm")
     if c.lsuv and c.normalization in ("batchnorm", "ghost_batchnorm", "nf"):
         raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
-    if c.nf_beta is not None and c.normalization != "nf":
-        raise ValueError("nf_beta applies only to normalization=nf")
-    for name in ("shortcut", "stem_init"):
-        if getattr(c, name) is not None and c.model != "cifar_resnet":
-            raise ValueError(f"{name} applies only to model=cifar_resnet")
-    if c.normalization == "nf" and c.model in ("resnet_v1", "cifar_resnet"):
-        raise ValueError("normalization=nf needs pre-activation blocks: use --model=wrn or resnet_v2")
     if c.batch_size % c.accumulation_steps:
         raise ValueError(
             f"batch_size ({c.batch_size}) must be divisible by accumulation_steps ({c.accumulation_steps})"
         )
     if not c.model_dir or not c.model_dir.strip():
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
-    if os.path.exists(c.model_dir) and not os.path.isdir(c.model_dir):
-        raise ValueError(f"--model_dir={c.model_dir} is a file, not a directory")
+    run_dir.check_writable(c.model_dir, "--model_dir")
     for name in ("train_examples", "validation_examples"):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -162,9 +155,10 @@ def model_args(config, dataset):
         args["nf_beta"] = config.nf_beta
     if config.loop_blocks or config.remat:  # absent from specs written before the looped form
         args.update(loop_blocks=config.loop_blocks, remat=config.remat)
-    if config.model == "wrn":
+    arch = applications.architecture(config.model)
+    if arch.takes_width:
         args["width"] = config.width
-    for name in ("shortcut", "stem_init"):  # cifar_resnet only; absent from earlier specs
+    for name in arch.options:  # absent from specs written before the option existed
         if getattr(config, name) is not None:
             args[name] = getattr(config, name)
     return args
@@ -201,72 +195,23 @@ def compiled_model(config, dataset, steps_per_epoch):
 def write_model_spec(model_dir, config, dataset):
     """What export needs to rebuild the model from a checkpoint and to put the
     evaluation preprocessing in the serving graph; the flags, to refuse a
-    model_dir reused with other flags."""
-    run_dir.write_json(os.path.join(model_dir, run_dir.SPEC), {
+    model_dir reused with other flags; and every backend the run has used,
+    in order (a run resumed on another backend continues exactly)."""
+    path = os.path.join(model_dir, run_dir.SPEC)
+    backends = run_dir.read_spec(model_dir).get("backends", []) if os.path.exists(path) else []
+    if not backends or backends[-1] != distribute.backend():
+        backends.append(distribute.backend())
+    run_dir.write_json(path, {
         "config": dataclasses.asdict(config),
         "model": model_args(config, dataset),
         "preprocessing": preprocessing(dataset),
         "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
+        "backends": backends,
     })
 
 
 def preprocessing(dataset):
     return "imagenet" if dataset.style == "imagenet" else "standardize"
-
-
-# Flags that may differ when a model_dir is reused: where things are read or
-# written, how much is shown, and --epochs (raised to continue a run).
-REUSABLE_FLAGS = ("epochs", "data_dir", "manual_dir", "model_dir", "verbose", "checkpoint_steps", "restart")
-_RUN_FILES = (run_dir.SPEC, run_dir.RESULTS, run_dir.HISTORY, run_dir.MODEL, run_dir.CHECKPOINTS, "tensorboard")
-
-
-def check_not_foreign(model_dir):
-    """Refuses a non-empty directory that holds no run (before anything,
-    even the lock file, is written into it)."""
-    if not os.path.exists(os.path.join(model_dir, run_dir.SPEC)) and os.path.isdir(model_dir) and (
-        set(os.listdir(model_dir)) - {run_dir.LOCK}
-    ):
-        raise ValueError(
-            f"--model_dir={model_dir} is not empty and holds no keras_skipinit run ({run_dir.SPEC}); "
-            "use a new or empty directory"
-        )
-
-
-def check_model_dir(config, chief=True):
-    """Refuses a model_dir that holds a different run. Returns the stored
-    results of a run that is already complete with these flags, else None.
-    With `config.restart`, the chief first deletes the run's files."""
-    model_dir = config.model_dir
-    spec_path = os.path.join(model_dir, run_dir.SPEC)
-    if config.restart and chief and os.path.exists(spec_path):
-        for name in _RUN_FILES:
-            path = os.path.join(model_dir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else (os.path.exists(path) and os.remove(path))
-    if not os.path.exists(spec_path):
-        check_not_foreign(model_dir)
-        return None
-    recorded = {**dataclasses.asdict(Config()), **run_dir.read_spec(model_dir)["config"]}
-    current = dataclasses.asdict(config)
-    differ = [k for k in current if k not in REUSABLE_FLAGS and recorded.get(k) != current[k]]
-    if differ:
-        changes = ", ".join(f"--{k} ({recorded.get(k)!r} there, {current[k]!r} now)" for k in differ)
-        raise ValueError(
-            f"--model_dir={model_dir} holds a run with other flags: {changes}. Use a new --model_dir, "
-            "or --restart to discard that run"
-        )
-    checkpoints = run_dir.Checkpoint(os.path.join(model_dir, run_dir.CHECKPOINTS)).all()
-    trained = checkpoints[0][0] if checkpoints else 0
-    if trained > config.epochs:
-        raise ValueError(
-            f"--epochs={config.epochs} is below the {trained} epochs already trained in {model_dir}; "
-            "raise --epochs, or --restart"
-        )
-    results_path = os.path.join(model_dir, run_dir.RESULTS)
-    if os.path.exists(results_path):
-        results = run_dir.read_json(results_path)
-        if results.get("status") == "diverged" or results.get("epochs_completed", 0) >= config.epochs:
-            return {**results, "already_complete": True}
-    return None
 
 
 def add_l2(model, coefficient):
@@ -321,10 +266,10 @@ def train(config):
     start = time.time()
     strategy = distribute.make_strategy(config.strategy)  # multi-worker: before any other TF op
     if distribute.is_chief(strategy):
-        check_not_foreign(config.model_dir)
+        run_dir.check_not_foreign(config.model_dir)
         with run_dir.lock(config.model_dir):  # one process per model_dir, for the run's life
             return _train_chief(config, strategy, start)
-    stored = check_model_dir(config, chief=False)
+    stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()), chief=False)
     if stored is not None:
         return {**stored, "chief": False}
     _seed_and_precision(config)
@@ -338,7 +283,7 @@ def train(config):
 
 
 def _train_chief(config, strategy, start):
-    stored = check_model_dir(config)
+    stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()))
     if stored is not None:
         print(
             f"The run in {os.path.normpath(config.model_dir)} is complete ({stored['status']}, "
@@ -377,7 +322,8 @@ def _train(config, strategy, out_dir, start):
     with strategy.scope():
         model = compiled_model(config, dataset, steps_per_epoch)
         _note_ghost_batches(model, distribute.model_batch(strategy, micro_batch), chief)
-        for warning in (memory_warning(model, micro_batch // replicas), precision_warning(config.mixed_precision)):
+        for warning in (check_memory(model, micro_batch // replicas, config.ignore_memory_check),
+                        machine.bfloat16_warning(config.mixed_precision, distribute.on_gpu())):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
@@ -443,9 +389,10 @@ def _train(config, strategy, out_dir, start):
     results = {
         "status": "diverged" if diverged else "completed",
         "diverged_at": diverged,
-        "test_top1": metrics.get("top1"),
-        "test_top5": metrics.get("top5"),
-        "test_cross_entropy": metrics.get("cross_entropy"),
+        # Named by split: eval_* on `eval_split`; test_* as well only when that is the test set.
+        **{f"{prefix}_{name}": metrics.get(name)
+           for prefix in ("eval", "test")[: 2 if dataset.eval_split == "test" else 1]
+           for name in ("top1", "top5", "cross_entropy")},
         "train_cross_entropy": train_ce,
         "final_lr": _current_lr(model),
         "epochs_completed": epoch,
@@ -453,10 +400,11 @@ def _train(config, strategy, out_dir, start):
         "workers": distribute.num_workers(strategy),
         "chief": chief,
         "wall_time_s": time.time() - start,
-        "backend": distribute.backend(),
+        "backend": distribute.backend(),  # the one that finished the run
+        "backends": run_dir.read_spec(out_dir).get("backends", [distribute.backend()]),  # every one it used
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
-        "eval_split": dataset.eval_split,  # 'validation': test_* are on the held-out training examples
+        "eval_split": dataset.eval_split,  # 'validation': eval_* are on the held-out training examples
         "config": dataclasses.asdict(config),
     }
     if not diverged:
@@ -480,36 +428,18 @@ def activation_bytes(model, batch):
     return total * batch * itemsize
 
 
-def available_memory_bytes():
-    """MemAvailable of /proc/meminfo (Linux), else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-def memory_warning(model, per_replica_batch):
-    """A warning when, on the CPU, one step's activations alone exceed the
-    memory available (the process would be killed or crash mid-step)."""
+def check_memory(model, per_replica_batch, ignore=False):
+    """Refuses (ValueError) a CPU run whose step's activations alone exceed
+    the memory available, unless `ignore` (--ignore_memory_check): then a
+    warning. Returns the warning, or None."""
     if distribute.on_gpu():
         return None
-    need, have = activation_bytes(model, per_replica_batch), available_memory_bytes()
-    if have is None or need <= have:
+    why = machine.memory_shortfall(activation_bytes(model, per_replica_batch), per_replica_batch)
+    if why is None:
         return None
-    return (f"Warning: a training step at batch {per_replica_batch} needs at least {need / 2**30:.1f} GiB for "
-            f"activations, more than the {have / 2**30:.1f} GiB of memory available: it will likely be killed. "
-            "Lower --batch_size, or raise --accumulation_steps (same updates, smaller micro-batches).")
-
-
-def precision_warning(mixed_precision):
-    """A warning when bfloat16 runs on a CPU without bfloat16 hardware:
-    emulated, it is several times slower than float32 (measured 0.17x for
-    WRN-16-1 on an AVX2-only CPU, benchmarks/README.md)."""
-    if mixed_precision != "bfloat16" or distribute.on_gpu() or machine.cpu_has_native_bfloat16() is not False:
-        return None
-    return ("Warning: --mixed_precision=bfloat16 on a CPU without bfloat16 instructions (no AVX512_BF16/AMX in "
-            "/proc/cpuinfo): it is emulated and several times slower than float32 here; use --mixed_precision=none.")
+    if not ignore:
+        raise ValueError(f"{why}; --ignore_memory_check runs it anyway")
+    return f"Warning: {why}: it will likely be killed."
 
 
 def _note_ghost_batches(model, batch, chief):

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from keras_skipinit import _startup, applications as apps, run_dir, training
+from keras_skipinit import _startup, applications as apps, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -200,10 +200,22 @@ def test_a_model_dir_is_held_by_one_process_at_a_time(tmp_path):
                 pass
 
 
+def test_unwritable_model_and_export_dirs_are_refused_before_anything_is_made(tmp_path, monkeypatch):
+    readonly = str(tmp_path / "ro")
+    os.makedirs(readonly)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: not str(p).startswith(readonly) and real_access(p, mode))
+    with pytest.raises(ValueError, match=f"--model_dir={readonly}/a/run cannot be written: {readonly} is not writable"):
+        training.validate(training.Config(model_dir=f"{readonly}/a/run"))
+    with pytest.raises(ValueError, match="base_path=.* is not writable"):
+        serving.check_target(f"{readonly}/serving", "m")
+    assert os.listdir(readonly) == []
+
+
 def test_a_new_model_dir_holding_only_the_lock_file_is_accepted(tmp_path):
     with run_dir.lock(str(tmp_path / "run")):
         pass
-    training.check_not_foreign(str(tmp_path / "run"))  # no ValueError
+    run_dir.check_not_foreign(str(tmp_path / "run"))  # no ValueError
 
 
 @pytest.mark.parametrize("kind", ["empty", "file", "foreign"])

@@ -156,7 +156,8 @@ def test_a_method_the_model_refuses_stops_the_sweep_before_any_run(tmp_path, cap
 
 
 def test_cli_rejects_bad_settings(tmp_path):
-    for bad in (["--methods=layernorm"], ["--seeds=2", "--best_k=3"], ["--lrs=0.1", "--extend_grid"]):
+    for bad in (["--methods=layernorm"], ["--seeds=2", "--best_k=3"], ["--lrs=0.1", "--extend_grid"],
+                ["--executor=ray", "--cpus_per_run=0"], ["--executor=ray", "--max_retries=-1"]):
         with pytest.raises(SystemExit):
             sweep.main([*bad, f"--out={tmp_path}"])
 
@@ -299,8 +300,8 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypa
         monkeypatch.setattr(machine, "cpu_has_native_bfloat16", lambda native=native: native)
         assert sweep.resolve_precision("auto") == expected
         assert sweep.resolve_precision("none") == "none"
-        assert training.precision_warning("none") is None
-        warning = training.precision_warning("bfloat16")
+        assert machine.bfloat16_warning("none", on_gpu=False) is None
+        warning = machine.bfloat16_warning("bfloat16", on_gpu=False)
         assert (warning is None) == native and (native or "emulated" in warning)
 
 
@@ -433,3 +434,22 @@ def test_a_sweep_into_an_out_of_another_experiment_is_refused(tmp_path, monkeypa
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert "holds runs of another experiment" in line
     assert len(calls) == 1 and (tmp_path / "runs.jsonl").read_text() == log
+
+
+def test_unwritable_out_and_runs_dir_are_one_line_errors_before_any_run(tmp_path, monkeypatch, capsys):
+    (tmp_path / "a_file").write_text("x")
+    readonly = str(tmp_path / "ro")
+    os.makedirs(readonly)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: not str(p).startswith(readonly) and real_access(p, mode))
+    cases = [([f"--out={tmp_path / 'a_file'}"], "--out=", "is a file"),
+             ([f"--out={readonly}/out"], "--out=", "is not writable"),
+             ([f"--out={readonly}/out", "--report_only"], "--out=", "is not writable"),
+             ([f"--out={tmp_path / 'out'}", f"--runs_dir={readonly}/runs"], "--runs_dir=", "is not writable")]
+    for argv, flag, words in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--preset=fixup_fig3", *argv])
+        assert exit_info.value.code == 2, argv
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert flag in line and words in line, line
+    assert not os.path.exists(tmp_path / "out")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKEND, tf_only
-from keras_skipinit import applications as apps, data as data_lib, distribute, run_dir, schedules, training
+from keras_skipinit import applications as apps, data as data_lib, distribute, machine, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(depth=10, width=1, verbose=0)
@@ -104,14 +104,21 @@ def test_a_batch_larger_than_the_data_is_refused_also_with_steps_per_epoch(tmp_p
         training.train(small_config(tmp_path, batch_size=100000, steps_per_epoch=2))
 
 
-def test_activation_memory_is_every_layer_output_and_warned_about_beyond_the_memory(monkeypatch):
+def test_activation_memory_is_every_layer_output_and_refused_beyond_the_memory(monkeypatch, tmp_path):
     inputs = keras.Input((6, 6, 1))
     conv = keras.layers.Conv2D(3, 3, padding="same")(inputs)  # 108 per image
     pooled = keras.layers.GlobalAveragePooling2D()(conv)  # 3
     model = keras.Model(inputs, keras.layers.Dense(5)(pooled))  # 5
     assert training.activation_bytes(model, 10) == 10 * (108 + 3 + 5) * 4
-    monkeypatch.setattr(training, "available_memory_bytes", lambda: 10 * 116 * 4 - 1)
-    assert "needs at least" in training.memory_warning(model, 10) and training.memory_warning(model, 9) is None
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 10 * 116 * 4 - 1)
+    with pytest.raises(ValueError, match="needs at least .* --ignore_memory_check runs it anyway"):
+        training.check_memory(model, 10)
+    assert training.check_memory(model, 9) is None
+    assert "will likely be killed" in training.check_memory(model, 10, ignore=True)
+    # A refused run leaves no model_dir behind (it would hold only its lock file).
+    with pytest.raises(ValueError, match="needs at least"):
+        training.train(small_config(tmp_path, steps_per_epoch=2))
+    assert not os.path.exists(tmp_path / "run")
     looped = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3, loop_blocks=True)
     unrolled = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3)
     assert training.activation_bytes(looped, 1) <= training.activation_bytes(unrolled, 1)
@@ -191,7 +198,7 @@ def test_training_learns_real_digits_end_to_end(tmp_path):
     assert history[0].startswith("epoch,lr,") and len(history) == 3
 
 
-def test_reported_test_metrics_are_those_of_the_final_model(tmp_path):
+def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     """results.json reuses the validation of the last epoch (same weights)
     instead of evaluating the test split a second time."""
     results = training.train(small_config(tmp_path, epochs=2, steps_per_epoch=3))
@@ -199,6 +206,15 @@ def test_reported_test_metrics_are_those_of_the_final_model(tmp_path):
     model.compile(metrics=[keras.metrics.CategoricalAccuracy(name="top1")], loss="categorical_crossentropy")
     evaluated = model.evaluate(data_lib.eval_pipeline(data_lib.load(data_lib.EMBEDDED), 32), verbose=0, return_dict=True)
     assert results["test_top1"] == pytest.approx(evaluated["top1"], abs=1e-7)
+    # Named by split: eval_* always, test_* only on the test set; older files still read.
+    assert {k: results[f"eval_{k}"] for k in ("top1", "top5", "cross_entropy")} == {
+        k: results[f"test_{k}"] for k in ("top1", "top5", "cross_entropy")}
+    held_out = training.train(small_config(tmp_path, epochs=1, steps_per_epoch=2, validation_examples=500,
+                                           model_dir=str(tmp_path / "held_out")))
+    assert held_out["eval_split"] == "validation" and held_out["eval_top1"] is not None
+    assert held_out["backends"] == [BACKEND]
+    assert not [k for k in held_out if k.startswith("test_")]
+    assert run_dir.eval_metric({"test_top1": 0.5, "eval_split": "validation"}, "top1") == 0.5
 
 
 def test_progress_counts_epochs_of_the_whole_run(tmp_path, capsys):
@@ -411,6 +427,27 @@ def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for metric in ("test_top1", "test_top5", "test_cross_entropy"):
         assert results[metric] == pytest.approx(expected[metric], abs=1e-5), metric
+
+
+@pytest.mark.parametrize("env,words", [
+    (dict(NUM_PROCESSES="0"), "NUM_PROCESSES must be a positive integer"),
+    (dict(NUM_PROCESSES="-3"), "NUM_PROCESSES must be a positive integer"),
+    (dict(PROCESS_ID="abc"), "PROCESS_ID must be an integer from 0 to 1"),
+    (dict(PROCESS_ID="2"), "PROCESS_ID must be an integer from 0 to 1"),
+    (dict(JOB_ADDRESSES="localhost"), "must be host:port"),
+    (dict(JOB_ADDRESSES="localhost:abc"), "must be host:port"),
+    (dict(JOB_ADDRESSES="a:1,b:2,c:3"), "the coordinator, or all 2 processes"),
+])
+def test_bad_process_variables_name_the_variable(env, words, monkeypatch):
+    """Issue 32.7: they trained one process silently, or failed in jax.distributed with a traceback."""
+    good = {"NUM_PROCESSES": "2", "PROCESS_ID": "1", "JOB_ADDRESSES": "localhost:1234"}
+    for name, value in {**good, **env}.items():
+        monkeypatch.setenv(f"KERAS_DISTRIBUTION_{name}", value)
+    with pytest.raises(ValueError, match=words):
+        distribute.process_settings(distribute._jax_processes())
+    for name, value in {**good, "PROCESS_ID": "0", "JOB_ADDRESSES": "h:1,h:2"}.items():
+        monkeypatch.setenv(f"KERAS_DISTRIBUTION_{name}", value)
+    assert distribute.process_settings(distribute._jax_processes()) == (0, "h:1", 300)
 
 
 def test_multi_worker_without_a_cluster_is_a_clear_error(tmp_path, monkeypatch):

@@ -43,7 +43,8 @@ from keras_skipinit.sweep.cli import main, parse_args
 from keras_skipinit.sweep.presets import METHODS, PRESETS
 from keras_skipinit.sweep.protocol import grid_edge, lr_label, next_log2_lr, pending_runs, summarize
 from keras_skipinit.sweep.report import arch, report
-from keras_skipinit.sweep.runner import resolve_precision, run_sweep
+from keras_skipinit.machine import resolve_precision
+from keras_skipinit.sweep.runner import run_sweep
 
 __all__ = ["METHODS", "PRESETS", "arch", "grid_edge", "lr_label", "main", "next_log2_lr", "parse_args",
            "pending_runs", "report", "resolve_precision", "run_sweep", "summarize"]

@@ -110,6 +110,10 @@ def parse_args(argv=None):
               and b % args.micro_batch_size]
     if uneven:
         parser.error(f"--batch_sizes {uneven} are not whole multiples of --micro_batch_size={args.micro_batch_size}")
+    if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
+        parser.error("--cpus_per_run must be > 0 (0 would start every run at once) and --gpus_per_run >= 0")
+    if args.max_retries < 0:
+        parser.error("--max_retries must be >= 0 (Ray reads -1 as retrying forever)")
     if args.extend_grid and any(abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
         parser.error("--extend_grid needs a log2 grid (--log2_lrs)")
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
@@ -122,6 +126,11 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     try:
+        from keras_skipinit import run_dir
+
+        run_dir.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
+        if not args.report_only:
+            run_dir.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:
             path = os.path.join(args.out, log.LOG)
             done = log.load(path)

@@ -62,7 +62,7 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         todo = [(fmt, q) for fmt, q in VARIANTS if (_run_key(run), variant_name(fmt, q)) not in done]
         if not todo:
             continue
-        model_dir = os.path.join(out, run["model_dir"])
+        model_dir = os.path.join(out, run["results"]["config"]["model_dir"])  # relative to --out (runner.record)
         model, preprocessing, _ = serving.load_source(model_dir)
         config = run_dir.read_spec(model_dir)["config"]
         name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"))
@@ -72,6 +72,7 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
             calibration, _ = deploy.images_of(dataset, "train", calibration_images, False)
             datasets[name] = (dataset.eval_split, images, labels, calibration)
         split, images, labels, calibration = datasets[name]
+        want = deploy.keras_probabilities(model, images, preprocessing)  # once for the run's five files
         os.makedirs(os.path.join(model_dir, "exports"), exist_ok=True)
         for fmt, quantize in todo:
             start = time.time()
@@ -79,7 +80,7 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
             deploy.export_file(model, fmt, file, preprocessing, quantize=quantize,
                                calibration=calibration if quantize == "int8" else None, overwrite=True)
             try:
-                report, status = deploy.check(file, model, images, labels, preprocessing, quantize), "checked"
+                report, status = deploy.check(file, model, images, labels, preprocessing, quantize, want), "checked"
             except deploy.CheckFailed:  # a float file beyond the tolerance: recorded, not hidden
                 with open(file + ".check.json") as f:
                     report, status = json.load(f), "check_failed"

@@ -41,22 +41,12 @@ def config(settings, run):
         steps_per_epoch=settings.steps_per_epoch, dataset=settings.dataset, data_dir=settings.data_dir,
         train_examples=settings.train_examples, seed=seed, verbose=0,
         validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
-        mixed_precision=resolve_precision(settings.mixed_precision), xla=settings.xla,
+        mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
         loop_blocks=settings.loop_blocks,
         model_dir=os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
                                + ("_final" if phase == protocol.FINAL else "")),
         **overrides,
     )
-
-
-def resolve_precision(mixed_precision):
-    """--mixed_precision=auto: bfloat16 where this CPU has bfloat16
-    instructions (1.14-1.42x faster than float32 there), float32 elsewhere
-    (emulated bfloat16 ran at 0.17x); benchmarks/README.md. Each run records
-    the precision it used (results.json config)."""
-    if mixed_precision != "auto":
-        return mixed_precision
-    return "bfloat16" if machine_lib.cpu_has_native_bfloat16() else "none"
 
 
 def check_same_experiment(settings, done, path):
@@ -102,7 +92,11 @@ def executor_for(settings):
 
 
 def record(settings, run, outcome):
-    """The runs.jsonl line of a finished run."""
+    """The runs.jsonl line of a finished run (its test_top1 is the accuracy
+    on its eval_split, as in every runs.jsonl committed before results.json
+    named its metrics by split)."""
+    from keras_skipinit import run_dir
+
     key, depth, batch, lr, seed, phase = run
     result = outcome["result"]
     results = {k: v for k, v in result.items() if k != "chief"}
@@ -112,7 +106,7 @@ def record(settings, run, outcome):
     return {"model": settings.model, "method": key, "depth": depth, "width": settings.width, "batch_size": batch,
             "accumulation_steps": results["config"].get("accumulation_steps", 1), "lr": lr,
             "log2_lr": math.log2(lr), "seed": seed, "phase": phase, "status": result["status"],
-            "test_top1": result["test_top1"], "eval_split": result.get("eval_split", "test"),
+            "test_top1": run_dir.eval_metric(result, "top1"), "eval_split": result.get("eval_split", "test"),
             "train_cross_entropy": result["train_cross_entropy"], "curve": outcome["curve"],
             "wall_time_s": result["wall_time_s"], "machine": outcome["machine"], "results": results}
 
