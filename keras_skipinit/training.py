@@ -339,6 +339,9 @@ def _train(config, strategy, out_dir, start):
     if restored and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
+    # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
+    # length, and then warns "Your input ran out of data" at its normal end (issue 32.7).
+    eval_steps = int(eval_ds.cardinality()) if int(eval_ds.cardinality()) > 0 else None
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
@@ -356,6 +359,7 @@ def _train(config, strategy, out_dir, start):
                     epochs=epoch + 1,
                     steps_per_epoch=micro_steps - skip,
                     validation_data=eval_ds,
+                    validation_steps=eval_steps,
                     callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
                     shuffle=False,  # the pipeline shuffles, seeded per epoch
                     verbose=verbose,
@@ -366,7 +370,8 @@ def _train(config, strategy, out_dir, start):
             logs = {k: v[-1] for k, v in history.history.items()}
         else:  # a checkpoint at the epoch's last step (versions before issue 32): its updates are done
             with strategy.scope():
-                logs = {f"val_{k}": v for k, v in model.evaluate(eval_ds, verbose=0, return_dict=True).items()}
+                metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
+                logs = {f"val_{k}": v for k, v in metrics.items()}
         epoch, skip = epoch + 1, 0
         checkpoint.save(model, epoch, 0)
         run_dir.append_history(out_dir, {"epoch": epoch, "lr": _current_lr(model), **logs})
@@ -384,7 +389,7 @@ def _train(config, strategy, out_dir, start):
         metrics = final_eval
     else:  # every epoch was trained before this process (e.g. killed before results.json)
         with strategy.scope():
-            metrics = model.evaluate(eval_ds, verbose=0, return_dict=True)
+            metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
     train_ce = (run_dir.history_column(out_dir, "cross_entropy") or [None])[-1] if not diverged else None
     results = {
         "status": "diverged" if diverged else "completed",

@@ -415,6 +415,7 @@ def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
     outs = [proc.communicate(timeout=400) for proc in procs]
     for proc, (out, err) in zip(procs, outs):
         assert proc.returncode == 0, err[-3000:]
+        assert "ran out of data" not in err, err[-3000:]  # issue 32.7: Keras' warning at the evaluation's end
     assert "Test accuracy" in outs[0][0] and "the chief writes" in outs[1][0]
     results = json.loads((tmp_path / "mw" / "results.json").read_text())
     devices = 2 * len(distribute.make_strategy("auto").devices) if BACKEND == "jax" else 2
