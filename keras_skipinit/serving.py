@@ -77,14 +77,19 @@ class FoldedAway(keras.layers.Layer):
 
 
 def fold(model):
-    """An equivalent inference model with affine followers folded into convs."""
+    """An equivalent inference model with affine followers (BN, SkipInit
+    alphas, Fixup multipliers and biases, NF's Rescaling scales) folded into
+    convs, and NF's ScaledWSConv2D made plain convs with their standardized
+    kernels."""
     users = _consumers(model)
     plans = {}  # conv name -> (kernel, bias)
     removed = set()
     for conv in model.layers:
-        if type(conv) is not keras.layers.Conv2D or conv.activation is not keras.activations.linear:
+        # A ScaledWSConv2D (NF) becomes a plain conv with its standardized kernel (gain included).
+        standardized = type(conv) is ksl.ScaledWSConv2D
+        if type(conv) is not keras.layers.Conv2D and not standardized or conv.activation is not keras.activations.linear:
             continue
-        kernel = conv.kernel.numpy()
+        kernel = keras.ops.convert_to_numpy(conv.standardized_kernel()) if standardized else conv.kernel.numpy()
         bias = conv.bias.numpy() if conv.use_bias else np.zeros(kernel.shape[-1], kernel.dtype)
         folded = []
         # A scalar bias feeding only this 1x1 conv: conv(x + c) = conv(x) + c * sum(W).
@@ -107,7 +112,7 @@ def fold(model):
             scale, shift = s * scale, s * shift + t
             folded.append(follower.name)
             tensor = follower.output
-        if folded:
+        if folded or standardized:
             removed.update(folded)
             plans[conv.name] = (kernel * scale, bias * scale + shift)
 
@@ -116,6 +121,7 @@ def fold(model):
             return FoldedAway(name=layer.name)
         if layer.name in plans:
             config = layer.get_config()
+            config.pop("eps", None)  # ScaledWSConv2D's
             config["use_bias"] = True
             return keras.layers.Conv2D.from_config(config)
         return layer.__class__.from_config(layer.get_config())
