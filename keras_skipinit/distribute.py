@@ -28,7 +28,7 @@ import sys
 
 import keras
 
-from keras_skipinit import _startup
+from keras_skipinit import _startup, machine
 
 BACKENDS = _startup.TRAINING_BACKENDS
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
@@ -159,25 +159,6 @@ def process_settings(processes, environ=os.environ):
 _JAX_INITIALIZED = []
 
 
-def _wait_for(address, timeout, who):
-    """Waits until `address` (host:port) accepts a TCP connection; returns
-    the seconds left of `timeout`, or raises a one-line ValueError."""
-    import socket
-    import time
-
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=2):
-                return max(1, int(deadline - time.monotonic()))
-        except OSError as e:
-            if time.monotonic() + 1 > deadline:
-                raise ValueError(f"{who} could not reach the coordinator at {address} within {timeout} s "
-                                 f"({e.strerror or e}): start process 0 there, or raise {COORDINATOR_TIMEOUT_ENV}") from None
-            time.sleep(1)
-
-
 def _initialize_jax_processes(processes):
     """jax.distributed once per process (what keras.distribution.initialize
     does, plus a bounded, announced wait for the coordinator), with gloo for
@@ -197,7 +178,12 @@ def _initialize_jax_processes(processes):
               f"waiting up to {timeout} s ({COORDINATOR_TIMEOUT_ENV})", file=sys.stderr, flush=True)
         # JAX aborts the process (a fatal C++ check, no exception) when the coordinator is not there
         # in time: wait for its port here, where a missing coordinator can be a one-line error.
-        timeout = _wait_for(coordinator, timeout, f"process {process_id} of {processes}")
+        try:
+            timeout = machine.wait_for_port(coordinator, timeout)
+        except OSError as e:
+            raise ValueError(f"process {process_id} of {processes} could not reach the coordinator at {coordinator} "
+                             f"within {timeout} s ({e.strerror or e}): start process 0 there, or raise "
+                             f"{COORDINATOR_TIMEOUT_ENV}") from None
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes, process_id=process_id,
                                initialization_timeout=timeout)
     distribution_lib.initialize_rng()

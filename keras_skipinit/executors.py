@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from keras_skipinit import _startup
+from keras_skipinit import _startup, machine
 
 
 class RunFailed(RuntimeError):
@@ -92,22 +92,15 @@ def _check_reachable(address):
     end); 'auto', 'local', ray:// addresses and None are left to Ray."""
     if not address or address in ("auto", "local") or "://" in address:
         return
-    import socket
-
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"--ray_address must be host:port, 'auto' or 'local', got {address!r}")
-    deadline = time.time() + RAY_CONNECT_TIMEOUT_S
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=5):
-                return
-        except OSError as e:
-            if time.time() + 1 > deadline:
-                raise ValueError(f"no Ray cluster answers at {address} ({e.strerror or e}) after "
-                                 f"{RAY_CONNECT_TIMEOUT_S} s: start one (ray start --head), or leave "
-                                 "--ray_address and RAY_ADDRESS unset for a local instance") from None
-            time.sleep(1)
+    try:
+        machine.wait_for_port(address, RAY_CONNECT_TIMEOUT_S)
+    except OSError as e:
+        raise ValueError(f"no Ray cluster answers at {address} ({e.strerror or e}) after "
+                         f"{RAY_CONNECT_TIMEOUT_S} s: start one (ray start --head), or leave "
+                         "--ray_address and RAY_ADDRESS unset for a local instance") from None
 
 
 class Ray:

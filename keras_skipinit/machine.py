@@ -42,12 +42,12 @@ def available_memory_bytes():
         return None
 
 
-def memory_shortfall(need, batch, have=None):
+def memory_shortfall(need, batch):
     """Why a training step whose activations alone need `need` bytes cannot
     run here (more than the memory available: the kernel's OOM killer would
     end it, perhaps with other processes), or None when it fits or the
     memory is unknown."""
-    have = available_memory_bytes() if have is None else have
+    have = available_memory_bytes()
     if have is None or need <= have:
         return None
     return (f"a training step at batch {batch} needs at least {need / 2**30:.1f} GiB for activations, more than "
@@ -73,3 +73,23 @@ def resolve_precision(mixed_precision):
     if mixed_precision != "auto":
         return mixed_precision
     return "bfloat16" if cpu_has_native_bfloat16() else "none"
+
+
+def wait_for_port(address, timeout):
+    """Waits until `address` ('host:port') accepts a TCP connection; returns
+    the seconds left of `timeout`, or raises the last OSError once
+    `timeout` seconds have passed (for the JAX coordinator and a Ray
+    cluster, whose own clients abort or retry without end)."""
+    import socket
+    import time
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(5, timeout)):
+                return max(1, int(deadline - time.monotonic()))
+        except OSError:
+            if time.monotonic() + 1 > deadline:
+                raise
+            time.sleep(1)

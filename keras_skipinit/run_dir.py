@@ -78,7 +78,6 @@ class ModelDirInUse(ValueError):
     """Another live process holds the model_dir's lock."""
 
 
-
 def check_writable(path, flag):
     """A one-line ValueError, before any work, when the directory `path`
     (made if absent) cannot be written: it is a file, or its nearest
@@ -91,6 +90,7 @@ def check_writable(path, flag):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag}={path} cannot be written: {existing} is not writable "
                          "(permissions or a read-only filesystem)")
+
 
 @contextlib.contextmanager
 def lock(model_dir):

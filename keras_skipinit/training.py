@@ -196,7 +196,8 @@ def write_model_spec(model_dir, config, dataset):
     """What export needs to rebuild the model from a checkpoint and to put the
     evaluation preprocessing in the serving graph; the flags, to refuse a
     model_dir reused with other flags; and every backend the run has used,
-    in order (a run resumed on another backend continues exactly)."""
+    in order (a run resumed on another backend continues exactly), which it
+    returns."""
     path = os.path.join(model_dir, run_dir.SPEC)
     backends = run_dir.read_spec(model_dir).get("backends", []) if os.path.exists(path) else []
     if not backends or backends[-1] != distribute.backend():
@@ -208,6 +209,7 @@ def write_model_spec(model_dir, config, dataset):
         "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
         "backends": backends,
     })
+    return backends
 
 
 def preprocessing(dataset):
@@ -327,7 +329,7 @@ def _train(config, strategy, out_dir, start):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
-        write_model_spec(out_dir, config, dataset)
+        backends = write_model_spec(out_dir, config, dataset)
         checkpoint = run_dir.Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
@@ -341,7 +343,8 @@ def _train(config, strategy, out_dir, start):
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end (issue 32.7).
-    eval_steps = int(eval_ds.cardinality()) if int(eval_ds.cardinality()) > 0 else None
+    eval_steps = int(eval_ds.cardinality())
+    eval_steps = eval_steps if eval_steps > 0 else None
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
@@ -406,7 +409,7 @@ def _train(config, strategy, out_dir, start):
         "chief": chief,
         "wall_time_s": time.time() - start,
         "backend": distribute.backend(),  # the one that finished the run
-        "backends": run_dir.read_spec(out_dir).get("backends", [distribute.backend()]),  # every one it used
+        "backends": backends,  # every one it used
         "num_train": dataset.num_train,
         "num_test": dataset.num_test,
         "eval_split": dataset.eval_split,  # 'validation': eval_* are on the held-out training examples

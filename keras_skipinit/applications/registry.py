@@ -27,6 +27,7 @@ from keras_skipinit.applications import cifar_resnet, resnet, wide_resnet
 @dataclasses.dataclass(frozen=True)
 class Architecture:
     title: str
+    label: str  # a model's name in tables and plots, formatted with depth and width
     constructor: Callable  # constructor(depth, [width,] **keyword arguments)
     default_input_shape: tuple
     preactivation: bool  # pre-activation blocks (He et al. 2016b): what normalization='nf' needs
@@ -51,18 +52,18 @@ def _resnet_depth(depth):
 
 ARCHITECTURES = {
     "wrn": Architecture(
-        "Wide-ResNet", wide_resnet.WideResNet, (32, 32, 3), True, "6k+4 (10, 16, 22, 28, ..., 1000)",
+        "Wide-ResNet", "WRN-{depth}-{width}", wide_resnet.WideResNet, (32, 32, 3), True, "6k+4 (10, 16, 22, 28, ..., 1000)",
         wide_resnet.blocks_per_group, takes_width=True,
         names=tuple(f"wrn_{d}_{k}" for d, k in ((16, 1), (16, 2), (16, 4), (16, 8), (28, 10), (40, 4), (100, 1),
                                                   (100, 2), (1000, 1)))),
     "resnet_v1": Architecture(
-        "ResNet V1", _resnet(1), (224, 224, 3), False, "50, 101, 152", _resnet_depth,
+        "ResNet V1", "ResNet-{depth} V1", _resnet(1), (224, 224, 3), False, "50, 101, 152", _resnet_depth,
         names=tuple(f"resnet{d}_v1" for d in resnet.BLOCKS_PER_STAGE)),
     "resnet_v2": Architecture(
-        "ResNet V2", _resnet(2), (224, 224, 3), True, "50, 101, 152", _resnet_depth,
+        "ResNet V2", "ResNet-{depth} V2", _resnet(2), (224, 224, 3), True, "50, 101, 152", _resnet_depth,
         names=tuple(f"resnet{d}_v2" for d in resnet.BLOCKS_PER_STAGE)),
     "cifar_resnet": Architecture(
-        "CIFAR ResNet", cifar_resnet.CifarResNet, (32, 32, 3), False, "6n+2 (8, 20, 32, 44, 56, 110, 1202)",
+        "CIFAR ResNet", "ResNet-{depth} (CIFAR)", cifar_resnet.CifarResNet, (32, 32, 3), False, "6n+2 (8, 20, 32, 44, 56, 110, 1202)",
         cifar_resnet.blocks_per_stage, options=("shortcut", "stem_init"),
         names=tuple(f"cifar_resnet{d}" for d in (20, 32, 44, 56, 110, 1202))),
 }
@@ -83,9 +84,7 @@ def architecture(model):
 
 def title(model, depth="n", width=None):
     """The name tables and plots use: WRN-16-1, ResNet-50 V2, ResNet-20 (CIFAR)."""
-    if model == "wrn":
-        return f"WRN-{depth}-{width}"
-    return f"ResNet-{depth}" + {"resnet_v1": " V1", "resnet_v2": " V2", "cifar_resnet": " (CIFAR)"}[model]
+    return architecture(model).label.format(depth=depth, width=width)
 
 
 def check_options(model, **options):
