@@ -14,7 +14,6 @@ from keras_skipinit import applications as apps
 from keras_skipinit.layers import ScaledWSConv2D
 from keras_skipinit.normalization import NORMALIZATIONS
 
-RNG = np.random.default_rng(0)
 # The smallest member of each family, at a toy input (ResNets: 32x32, stride 32 -> 1x1).
 FAMILIES = {"wrn_10_1": (16, 16, 3), "cifar_resnet8": (16, 16, 3), "resnet50_v1": (32, 32, 3),
             "resnet50_v2": (32, 32, 3)}
@@ -25,12 +24,12 @@ def _kwargs(normalization):
     return {"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}
 
 
-def _perturbed(model, x):
+def _perturbed(model, x, rng):
     """Weights moved off their init (zero-init branches, scalars), so that a
     reload or a fold that drops a parameter changes the output."""
     model(x, training=True)  # BN moving statistics
     for w in model.weights:
-        w.assign(w.numpy() + RNG.normal(0, 0.05, w.shape).astype(w.dtype))
+        w.assign(w.numpy() + rng.normal(0, 0.05, w.shape).astype(w.dtype))
     return model
 
 
@@ -44,20 +43,23 @@ def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tm
         return
     model = apps.create_model(name, input_shape=shape, classes=3, normalization=normalization, seed=1,
                               **_kwargs(normalization))
-    x = RNG.standard_normal((4,) + shape).astype("float32")
+    rng = np.random.default_rng(0)  # each test its own draws: none depend on the order xdist runs them in
+    x = rng.standard_normal((4,) + shape).astype("float32")
     y = np.array([0, 1, 2, 0])
     assert model.output_shape == (None, 3)
     np.testing.assert_allclose(np.asarray(model(x)).sum(axis=1), 1.0, rtol=1e-5)  # softmax
 
     # One training step moves the weights and gives a finite loss (eagerly: tracing a ResNet-50's
-    # step costs ~10 s; the traced step is train.py's, tested in test_training).
+    # step costs ~10 s; the traced step is train.py's, tested in test_training). On inputs 100x
+    # smaller: an unnormalized ResNet-50 (positively homogeneous at init) has logit gaps of 10-200
+    # on these, where the clipped cross-entropy has no gradient (no weight moved on a GPU).
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy", run_eagerly=True)
     before = [w.numpy().copy() for w in model.trainable_weights]
-    loss = model.train_on_batch(x, y)
+    loss = model.train_on_batch(x / 100, y)
     assert np.isfinite(loss)
     assert any(not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights))
 
-    _perturbed(model, x)
+    _perturbed(model, x, rng)
     want = np.asarray(model(x, training=False))
     path = tmp_path / "m.keras"
     model.save(path)
@@ -67,9 +69,11 @@ def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tm
     if BACKEND == "tensorflow":  # serving is TensorFlow code
         from keras_skipinit import serving
 
-        # Tolerance: float32 reassociation of (W*s) x vs s*(W x).
+        # Tolerance: float32 reassociation of (W*s) x vs s*(W x), on logits of hundreds (perturbed
+        # ResNet-50s): 4e-4 relative on a probability of 0.04 was seen (a dropped parameter moves
+        # probabilities by far more).
         folded = serving.fold(model)
-        np.testing.assert_allclose(folded(x), want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(folded(x), want, rtol=1e-3, atol=1e-6)
         # NF's weight-standardized convs become plain convs (exporters and runtimes know those).
         assert not [layer for layer in folded.layers if isinstance(layer, ScaledWSConv2D)]
 
@@ -91,7 +95,7 @@ def test_pyramid_outputs_are_the_stage_outputs_of_the_full_model(name):
     shape = (64, 64, 3) if name.startswith("resnet") else FAMILIES[name]
     features = apps.create_model(name, input_shape=shape, include_top=False, pyramid_outputs=True, seed=3)
     full = apps.create_model(name, input_shape=shape, classes=3, seed=3)
-    x = RNG.standard_normal((2,) + shape).astype("float32")
+    x = np.random.default_rng(0).standard_normal((2,) + shape).astype("float32")
     got = features(x)
     assert sorted(got) == sorted(PYRAMID_LAYERS[name])
     for key, layer in PYRAMID_LAYERS[name].items():
