@@ -288,14 +288,13 @@ def test_depth_logic_small():
     assert np.all(np.isfinite(model(x)))
 
 
-@pytest.mark.parametrize("normalization", ["skipinit", "batchnorm"])
-def test_1000_layer_wide_resnet_builds_and_runs_forward(normalization):
-    """Cheap enough for the default run (~10-20 s on 2 cores, eager forward)."""
-    model = apps.WideResNet(1000, 1, normalization=normalization)
+def test_1000_layer_wide_resnet_builds_and_runs_forward():
+    """The paper's 1000-layer net with SkipInit (the mission's claim). One
+    normalization: the blocks are the same code at every depth and each
+    method's numerics are tested at small depth (~35 s on 2 cores, eager)."""
+    model = apps.WideResNet(1000, 1, normalization="skipinit")
     assert model_blocks(model) == 498
     x = RNG.normal(size=(4, 32, 32, 3)).astype("float32")
-    # BN in training mode (batch statistics): at init its moving statistics
-    # are (0, 1), so inference mode would be an unnormalized 2^498 explosion.
-    out = np.asarray(model(x, training=normalization == "batchnorm"))
+    out = np.asarray(model(x, training=True))
     assert out.shape == (4, 10) and np.all(np.isfinite(out))
     np.testing.assert_allclose(out.sum(-1), 1, rtol=1e-5)

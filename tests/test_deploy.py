@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import require_module, tf_only
+from conftest import require_module, run_cli_cases, tf_only
 from keras_skipinit import applications as apps, data, deploy, training
 
 pytestmark = tf_only
@@ -85,23 +85,24 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
     images): the check reports the file's test accuracy beside the float
     model's, not a tolerance; labels.txt holds the names train.py recorded."""
     _require_export()
-    sizes = {}
-    for fmt, quantize in (("litert", "float16"), ("litert", "int8"), ("onnx", "int8")):
-        out = tmp_path / f"{fmt}_{quantize}" / f"m{deploy.SUFFIXES[fmt]}"
+    sizes, variants = {}, (("litert", "float16"), ("litert", "int8"), ("onnx", "int8"))
+    outs = [tmp_path / f"{fmt}_{quantize}" / f"m{deploy.SUFFIXES[fmt]}" for fmt, quantize in variants]
+    for out in outs:
         out.parent.mkdir()
-        proc = run_export(f"--source={trained_run}", f"--format={fmt}", f"--quantize={quantize}", f"--output={out}",
-                          "--check_images=100", "--calibration_images=20")
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    cases = [[f"--source={trained_run}", f"--format={fmt}", f"--quantize={quantize}", f"--output={out}",
+              "--check_images=100", "--calibration_images=20"] for (fmt, quantize), out in zip(variants, outs)]
+    for (fmt, quantize), out, (status, stdout, err) in zip(variants, outs, run_cli_cases("export", cases, ROOT)):
+        assert status == 0, err[-2000:]
         report = json.loads(out.with_name(out.name + ".check.json").read_text())
         assert report["quantize"] == quantize and report["tolerance"] is None and report["images"] == 100
-        assert abs(report["file_top1"] - report["keras_top1"]) < 0.1 and "top-1" in proc.stdout
+        assert abs(report["file_top1"] - report["keras_top1"]) < 0.1 and "top-1" in stdout
         assert (out.parent / "labels.txt").read_text().split() == [str(d) for d in range(10)]
         assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".check.json", "labels.txt"])
         sizes[fmt, quantize] = out.stat().st_size
     assert sizes["litert", "int8"] < 0.7 * sizes["litert", "float16"]
 
 
-@pytest.mark.parametrize("flags,match", [
+BAD_REQUESTS = [
     (["--format=litert"], "needs --output"),
     (["--format=tflite", "--output=X/m.tflite"], "--format=tflite: value should be one of <saved_model|litert|onnx>"),
     (["--output=X/m.tflite", "--base_path=X"], "--output and --quantize are for"),
@@ -111,17 +112,25 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
     (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path is for --format=saved_model"),
     (["--format=litert", "--output=X/m.tflite", "--labels=X/three.txt"], "names 3 classes, the model has 10"),
-])
-def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, trained_run, flags, match):
+]
+
+
+def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, trained_run):
     _require_export()
-    (tmp_path / "exists.tflite").write_bytes(b"mine")
-    (tmp_path / "three.txt").write_text("a\nb\nc\n")
-    before = sorted(os.listdir(tmp_path))
-    proc = run_export(f"--source={trained_run}", *[f.replace("X", str(tmp_path)) for f in flags])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert match in line
-    assert sorted(os.listdir(tmp_path)) == before and (tmp_path / "exists.tflite").read_bytes() == b"mine"
+    folders = []
+    for i in range(len(BAD_REQUESTS)):
+        folders.append(tmp_path / str(i))
+        folders[-1].mkdir()
+        (folders[-1] / "exists.tflite").write_bytes(b"mine")
+        (folders[-1] / "three.txt").write_text("a\nb\nc\n")
+    cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)) for f in flags]]
+             for folder, (flags, _) in zip(folders, BAD_REQUESTS)]
+    for folder, (flags, match), (status, _, err) in zip(folders, BAD_REQUESTS, run_cli_cases("export", cases, ROOT)):
+        assert status == 2 and "Traceback" not in err, (flags, err[-2000:])
+        (line,) = [line for line in err.splitlines() if "error:" in line]
+        assert match in line, (flags, line)
+        assert sorted(os.listdir(folder)) == ["exists.tflite", "three.txt"], flags
+        assert (folder / "exists.tflite").read_bytes() == b"mine"
 
 
 def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import run_cli_cases
 from keras_skipinit import _startup, applications as apps, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,22 +219,18 @@ def test_a_new_model_dir_holding_only_the_lock_file_is_accepted(tmp_path):
     run_dir.check_not_foreign(str(tmp_path / "run"))  # no ValueError
 
 
-@pytest.mark.parametrize("kind", ["empty", "file", "foreign"])
-def test_bad_model_dirs_are_one_line_errors(tmp_path, kind):
-    if kind == "empty":
-        flag, words = "--model_dir=", "must name a directory"
-    elif kind == "file":
-        (tmp_path / "f").write_text("x")
-        flag, words = f"--model_dir={tmp_path / 'f'}", "is a file"
-    else:
-        (tmp_path / "notes.txt").write_text("mine")
-        flag, words = f"--model_dir={tmp_path}", "holds no keras_skipinit run"
-    proc = run_cli(*QUICK, flag)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    (line,) = error_lines(proc)
-    assert words in line
-    if kind == "foreign":
-        assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing written into it, not even the lock
+def test_bad_model_dirs_are_one_line_errors(tmp_path):
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    cases = [("--model_dir=", "must name a directory"), (f"--model_dir={tmp_path / 'f'}", "is a file"),
+             (f"--model_dir={tmp_path / 'foreign'}", "holds no keras_skipinit run")]
+    results = run_cli_cases("train", [[*QUICK, flag] for flag, _ in cases], ROOT)
+    for (flag, words), (status, _, err) in zip(cases, results):
+        assert status == 2 and "Traceback" not in err, (flag, err)
+        (line,) = [line for line in err.splitlines() if ": error:" in line]
+        assert words in line, (flag, line)
+    assert sorted(os.listdir(tmp_path / "foreign")) == ["notes.txt"]  # nothing written into it, not even the lock
 
 
 def test_a_diverged_run_writes_strict_json(tmp_path):
@@ -296,11 +293,11 @@ def test_console_commands_resolve_and_run_help(command, module):
     assert entry.value == f"keras_skipinit.{module}:run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     script = os.path.join(os.path.dirname(sys.executable), command)
-    for flag, shows in (("--help", command), ("--helpfull", "--normalization" if module == "train_cli" else "--base_path")):
-        proc = subprocess.run([script, flag], capture_output=True, text=True, timeout=300, env=env, cwd="/")
-        # absl prints the usage and exits with status 1, as `python train.py --help` does.
-        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-        assert shows in proc.stdout, flag
+    proc = subprocess.run([script, "--helpfull"], capture_output=True, text=True, timeout=300, env=env, cwd="/")
+    # absl prints the usage (naming the command) and every flag, and exits with status 1, as
+    # `python train.py --helpfull` does.
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert command in proc.stdout and ("--normalization" if module == "train_cli" else "--base_path") in proc.stdout
 
 
 def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_path, capsys):

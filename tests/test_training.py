@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import BACKEND, tf_only
+from conftest import BACKEND, run_cli_cases, tf_only
 from keras_skipinit import applications as apps, data as data_lib, distribute, machine, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,25 +285,20 @@ def test_divergence_is_recorded_not_crashed(tmp_path):
     assert results["epochs_completed"] == 0
 
 
-@pytest.mark.parametrize(
-    "flag,match",
-    [
-        ("--model=vgg", "model"),
-        ("--learning_rate=-1", "learning_rate"),
-        ("--normalization=layernorm", "normalization"),
-        ("--alpha_init=half", "alpha_init"),
-        ("--shortcut=C", "shortcut"),
-        ("--epochs=0", "epochs"),
-        ("--no_such_flag=1", "no_such_flag"),
-    ],
-)
-def test_cli_bad_flags_give_one_line_errors(flag, match):
+BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), ("--normalization=layernorm", "normalization"),
+             ("--alpha_init=half", "alpha_init"), ("--shortcut=C", "shortcut"), ("--epochs=0", "epochs"),
+             ("--no_such_flag=1", "no_such_flag")]
+
+
+def test_cli_bad_flags_give_one_line_errors():
     """Exit status 2 and one line for every bad flag (issue 32.6: absl's own
-    flag errors were 'FATAL Flags parsing error', status 1)."""
-    proc = run_cli(flag, "--epochs=1")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "FATAL" not in proc.stderr, proc.stderr
-    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert match in line and line.startswith("train.py: error:")
+    flag errors were 'FATAL Flags parsing error', status 1). The cases share
+    one process; test_run_dir starts train.py itself on a bad flag."""
+    results = run_cli_cases("train", [[flag, "--epochs=1"] for flag, _ in BAD_FLAGS], ROOT)
+    for (flag, match), (status, _, err) in zip(BAD_FLAGS, results):
+        assert status == 2 and "Traceback" not in err and "FATAL" not in err, (flag, err)
+        (line,) = [line for line in err.splitlines() if "error:" in line]
+        assert match in line and line.startswith("train.py: error:"), (flag, line)
 
 
 def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
