@@ -243,27 +243,29 @@ def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
 
 
 LOAD_SCRIPT = r"""
-import sys, keras
-if sys.argv[2] == "import":
-    import keras_skipinit  # registers the layers
-try:
-    keras.models.load_model(sys.argv[1])
-    print("loaded")
-except TypeError as e:
-    print("TypeError")
+import json, sys, keras
+def load(path):
+    try:
+        keras.models.load_model(path)
+        return "loaded"
+    except TypeError:
+        return "TypeError"
+plain = [load(path) for path in sys.argv[1:]]
+import keras_skipinit  # registers the layers
+print(json.dumps([plain, [load(path) for path in sys.argv[1:]]]))
 """
 
 
-@pytest.mark.parametrize("kwargs", [dict(normalization="fixup"), dict(normalization="nf", loop_blocks=True)],
-                         ids=["fixup", "nf-looped"])
-def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path, kwargs):
+def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path):
     """Documented in README: Keras 3 imports only its own packages' modules
     named in a .keras file, so the package must be imported first; importing
-    it is enough, also for a looped model (issue 32.4: RepeatedBlocks)."""
-    path = str(tmp_path / "m.keras")
-    apps.WideResNet(22, 1, **kwargs).save(path)  # 3 blocks a stage: 2 identical ones loop
+    it is enough, also for a looped model (issue 32.4: RepeatedBlocks). One
+    process: each file loaded before the import, then after it."""
+    paths = [str(tmp_path / "fixup.keras"), str(tmp_path / "nf_looped.keras")]
+    apps.WideResNet(22, 1, normalization="fixup").save(paths[0])
+    apps.WideResNet(22, 1, normalization="nf", loop_blocks=True).save(paths[1])  # 3 blocks a stage: 2 identical loop
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
-    for mode, want in (("import", "loaded"), ("plain", "TypeError")):
-        proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, path, mode], capture_output=True, text=True,
-                              timeout=300, env=env, cwd=str(tmp_path))
-        assert proc.stdout.strip().splitlines()[-1] == want, proc.stderr[-1000:]
+    proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, *paths], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [["TypeError"] * 2, ["loaded"] * 2]
