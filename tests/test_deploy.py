@@ -135,12 +135,16 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
 
 def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):
     _require_export()
-    flags = [f"--source={trained_run / 'model.keras'}", "--format=onnx", f"--output={tmp_path / 'm.onnx'}"]
-    (status, _, err), (ok, _, ok_err) = run_cli_cases("export", [flags, [*flags, f"--dataset={data.EMBEDDED}",
-                                                                           "--check_images=50"]], ROOT)
-    assert status == 2 and "pass --dataset=NAME" in err, err[-2000:]
+    refused, exported = tmp_path / "refused", tmp_path / "exported"
+    refused.mkdir()
+    exported.mkdir()
+    flags = [f"--source={trained_run / 'model.keras'}", "--format=onnx"]
+    (status, _, err), (ok, _, ok_err) = run_cli_cases("export", [
+        [*flags, f"--output={refused / 'm.onnx'}"],
+        [*flags, f"--output={exported / 'm.onnx'}", f"--dataset={data.EMBEDDED}", "--check_images=50"]], ROOT)
+    assert status == 2 and "pass --dataset=NAME" in err and not os.listdir(refused), err[-2000:]
     assert ok == 0, ok_err[-2000:]
-    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.check.json"]  # no labels.txt: a bare .keras file names none
+    assert sorted(os.listdir(exported)) == ["m.onnx", "m.onnx.check.json"]  # no labels.txt: a bare .keras file names none
 
 
 def test_without_the_runtime_the_format_says_what_to_install(monkeypatch):
