@@ -7,8 +7,6 @@ order); XLA on JAX fuses the loop body differently (seen: 5e-7 relative,
 2e-6 absolute on probabilities), and after optimizer steps reassociation
 gives ~1e-7 on the weights."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -194,44 +192,19 @@ def test_the_traced_graph_does_not_grow_with_depth():
 
 
 @tf_only
-@pytest.mark.parametrize("fold", [True, False])
-def test_export_of_a_looped_model_serves_its_outputs(tmp_path, fold):
-    import subprocess
-    import sys
+def test_export_of_a_looped_model_serves_its_outputs(tmp_path):
+    """Folded (the default) and not: the loop runs in TF Serving's loader too."""
+    import tensorflow as tf
 
     from keras_skipinit import serving
-    from test_export import CHECK_SCRIPT
+    from test_export import serve_without_the_package
 
     model = apps.WideResNet(22, 1, input_shape=(28, 28, 1), normalization="batchnorm", loop_blocks=True, seed=2)
     model(RNG.standard_normal((4, 28, 28, 1)).astype("float32"), training=True)
-    path = serving.export(model, str(tmp_path), "looped", fold_layers=fold)
+    paths = [serving.export(model, str(tmp_path / name), "looped", fold_layers=fold)
+             for name, fold in (("folded", True), ("unfolded", False))]
     images = RNG.integers(0, 256, (3, 28, 28, 1)).astype("uint8")
-    import tensorflow as tf
-
     expected = np.asarray(model(tf.image.per_image_standardization(images), training=False))
-    np.save(tmp_path / "images.npy", images)
-    proc = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, path, str(tmp_path / "images.npy")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("tf2_images", "tf2_bytes", "tf1_serving_default", "tf1_predict_image_bytes"):
-        np.testing.assert_allclose(out[key], expected, atol=1e-5, err_msg=key)
-
-
-def test_train_py_mirrored_looped_runs(tmp_path):
-    """--loop_blocks through training.train: MirroredStrategy over two devices
-    equals one device with ghost BN. (A looped run resumes as any run: its
-    checkpoint is its weights, restored by the code test_run_dir tests.)"""
-    from keras_skipinit import training
-
-    common = dict(depth=16, width=1, normalization="ghost_batchnorm", ghost_batch_size=8, loop_blocks=True,
-                  epochs=1, steps_per_epoch=2, batch_size=32, schedule="constant", learning_rate=0.05, verbose=0)
-    one = training.train(training.Config(strategy="one_device", model_dir=str(tmp_path / "one"), **common))
-    two = training.train(training.Config(strategy="mirrored", model_dir=str(tmp_path / "two"), **common))
-    assert (one["replicas"], two["replicas"]) == (1, 2)
-    a = keras.models.load_model(tmp_path / "one" / "model.keras")
-    b = keras.models.load_model(tmp_path / "two" / "model.keras")
-    assert_same_weights(a, b, atol=5e-5)
+    for path, out in zip(paths, serve_without_the_package(images, paths, tmp_path)):
+        for key in ("tf2_images", "tf2_bytes", "tf1_serving_default", "tf1_predict_image_bytes"):
+            np.testing.assert_allclose(out[key], expected, atol=1e-5, err_msg=f"{path} {key}")

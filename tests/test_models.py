@@ -20,6 +20,19 @@ FAMILIES = {"wrn_10_1": (16, 16, 3), "cifar_resnet8": (16, 16, 3), "resnet50_v1"
 CASES = [(name, n) for name in FAMILIES for n in NORMALIZATIONS]
 
 
+@pytest.fixture
+def toy_bottleneck_resnets(monkeypatch):
+    """ResNet-50's block table at toy size: each stage's first and last block as
+    in ResNet-50 (projection shortcut; stride where V1 or V2 puts it), in 8
+    blocks of 4-32 filters instead of 16 of 64-512 (23.5M parameters: ~10 s a
+    case, mostly saving and perturbing). The real table is test_applications'
+    (against keras.applications)."""
+    from keras_skipinit.applications import resnet
+
+    monkeypatch.setitem(resnet.BLOCKS_PER_STAGE, 50, (2, 2, 2, 2))
+    monkeypatch.setattr(resnet, "STAGE_FILTERS", (4, 8, 16, 32))
+
+
 def _kwargs(normalization):
     return {"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}
 
@@ -34,7 +47,7 @@ def _perturbed(model, x, rng):
 
 
 @pytest.mark.parametrize("name,normalization", CASES, ids=[f"{n}-{m}" for n, m in CASES])
-def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tmp_path):
+def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tmp_path, toy_bottleneck_resnets):
     shape = FAMILIES[name]
     model_name, _, _ = apps.registry.parse_name(name)
     if normalization == "nf" and not apps.ARCHITECTURES[model_name].preactivation:
@@ -69,11 +82,8 @@ def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tm
     if BACKEND == "tensorflow":  # serving is TensorFlow code
         from keras_skipinit import serving
 
-        # Tolerance: float32 reassociation of (W*s) x vs s*(W x), on logits of hundreds (perturbed
-        # ResNet-50s): 4e-4 relative on a probability of 0.04 was seen (a dropped parameter moves
-        # probabilities by far more).
-        folded = serving.fold(model)
-        np.testing.assert_allclose(folded(x), want, rtol=1e-3, atol=1e-6)
+        folded = serving.fold(model)  # float32 reassociation of (W*s) x vs s*(W x) only
+        np.testing.assert_allclose(folded(x), want, rtol=1e-4, atol=1e-6)
         # NF's weight-standardized convs become plain convs (exporters and runtimes know those).
         assert not [layer for layer in folded.layers if isinstance(layer, ScaledWSConv2D)]
 

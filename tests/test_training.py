@@ -245,16 +245,19 @@ def test_mirrored_strategy_is_shared_by_runs_in_one_process():
 
 # TensorFlow replicas normalize their own part of the batch: ghost batches of
 # the per-replica size make them equal one device. JAX normalizes the global
-# batch (synchronized BatchNorm), so plain BatchNorm is equal there too.
-TWO_DEVICE_NORMALIZATIONS = [("ghost_batchnorm", 8)] + ([("batchnorm", None)] if BACKEND == "jax" else [])
+# batch (synchronized BatchNorm), so plain BatchNorm is equal there too. The
+# ghost case trains the looped form (--loop_blocks, depth 16: each group's
+# second block runs in the loop), the graph that differs most from one device's.
+TWO_DEVICE_CASES = [("ghost_batchnorm", 8, True)] + ([("batchnorm", None, False)] if BACKEND == "jax" else [])
 
 
-@pytest.mark.parametrize("normalization,ghost", TWO_DEVICE_NORMALIZATIONS)
-def test_two_devices_equal_one_device(tmp_path, normalization, ghost):
+@pytest.mark.parametrize("normalization,ghost,loop_blocks", TWO_DEVICE_CASES)
+def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_blocks):
     """MirroredStrategy over 2 logical CPUs (TensorFlow) or DataParallel over
     2 host devices (JAX, XLA_FLAGS=--xla_force_host_platform_device_count=2)."""
     common = dict(normalization=normalization, ghost_batch_size=ghost, epochs=1, steps_per_epoch=2,
-                  schedule="constant", learning_rate=0.05, batch_size=32)
+                  schedule="constant", learning_rate=0.05, batch_size=32, loop_blocks=loop_blocks,
+                  depth=16 if loop_blocks else 10)
     one = training.train(small_config(tmp_path / "one", strategy="one_device", **common))
     two = training.train(small_config(tmp_path / "two", strategy="mirrored", **common))
     assert (one["replicas"], two["replicas"]) == (1, 2)
@@ -280,7 +283,9 @@ def test_divergence_is_recorded_not_crashed(tmp_path):
                    "--epochs=2", "--steps_per_epoch=20", "--verbose=0", f"--model_dir={tmp_path}/run")
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "diverged" in proc.stdout and "Traceback" not in proc.stderr
-    results = json.load(open(tmp_path / "run" / "results.json"))
+    text = (tmp_path / "run" / "results.json").read_text()
+    assert "NaN" not in text  # strict JSON: a non-finite loss is written as null
+    results = json.loads(text)
     assert results["status"] == "diverged" and results["diverged_at"]["epoch"] == 0
     assert results["epochs_completed"] == 0
 
