@@ -26,10 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # functional API builds alike on every backend (one test per guarantee: CI time); LSUV and the
 # analysis' data run under JAX in test_import_and_models_without_tensorflow_under_jax.
 JAX_SUBSET = ["tests/test_layers.py", "tests/test_looped.py", "tests/test_models.py"]
-# The bottleneck ResNets (the models' code paths run at WRN/CIFAR size) and one tolerance that
-# XLA's fusion exceeds (6.5e-5 after 3 BatchNorm momentum steps, also on a GPU; the losses agree).
-# Looped training through train.py runs in JAX_TRAINING (two_devices).
-JAX_DESELECT = "not bottleneck_resnets_loop and not same_weights[batchnorm-False] and not resnet50_v"
+# The bottleneck ResNets (the models' code paths run at WRN/CIFAR size). Looped training through
+# train.py runs in JAX_TRAINING (two_devices).
+JAX_DESELECT = "not bottleneck_resnets_loop and not resnet50_v"
 pytestmark = tf_only  # the parent process is the TensorFlow run
 
 

@@ -63,10 +63,12 @@ def test_looped_equals_unrolled_in_inference_and_training(normalization):
         assert_same_weights(unrolled, loop, atol=1e-5)  # BN moving statistics updated alike
 
 
-@pytest.mark.parametrize("normalization,remat", [("batchnorm", False), ("ghost_batchnorm", True), ("fixup", True)])
+@pytest.mark.parametrize("normalization,remat", [("ghost_batchnorm", True), ("fixup", False)])
 def test_training_steps_give_the_same_weights(normalization, remat):
     """Same loss and gradients: after SGD steps (moving statistics included)
-    the looped model's weights equal the unrolled model's."""
+    the looped model's weights equal the unrolled model's. With remat, the
+    backward pass recomputes the blocks: the statistics must still move once
+    a step (ghost BN); without it, the plain loop (Fixup's scalars)."""
     # Its own generator: the weights must not depend on which tests pytest-xdist ran before in this worker
     # (after 3 momentum steps at lr 0.1 one such draw put the stem kernel 6e-5 apart, the same every run).
     unrolled, _ = pair(normalization, rng=np.random.default_rng(0))

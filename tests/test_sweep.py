@@ -3,6 +3,7 @@ import json
 import math
 import os
 
+import keras
 import pytest
 
 from keras_skipinit import machine, sweep, training
@@ -64,6 +65,15 @@ def test_grid_extension_until_the_optimum_is_interior(log2s, best_at, expected_n
     assert sweep.next_log2_lr(None, rows) == (min(log2s) - 1 if min(log2s) > -10 else None)
 
 
+def fake_training(monkeypatch, train):
+    """training.train replaced by `train`. No model is built, so the
+    executor's clear_session after each run has nothing for gc.collect() to
+    free (0.4 s a run once TensorFlow fills the heap): it clears without it."""
+    monkeypatch.setattr(training, "train", train)
+    clear = keras.backend.clear_session
+    monkeypatch.setattr(keras.backend, "clear_session", lambda free_memory=True: clear(free_memory=False))
+
+
 def fake_train(calls):
     """Accuracy peaks at lr 2^-7 and falls 10 points per octave."""
     def train(config):
@@ -76,7 +86,7 @@ def fake_train(calls):
 
 def test_extend_grid_runs_until_interior_and_resumes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     args = ["--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-4,-3", "--seeds=2", "--best_k=1",
             "--extend_grid", "--bn_momentum=0.9", f"--out={tmp_path}"]
     sweep.main(args)
@@ -97,7 +107,7 @@ def test_resumed_sweep_completes_the_seeds_of_an_added_grid_point(tmp_path, monk
     missing seeds on resume, though the partial point already makes the
     optimum look interior."""
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-8,-7", "--seeds=3", "--best_k=1",
             "--extend_grid", f"--out={tmp_path}"]
     sweep.main(args)  # 2^-8 .. 2^-7 peaks at the top edge (2^-7): adds 2^-6
@@ -118,7 +128,7 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
         return {"status": status, "test_top1": None if status == "diverged" else acc, "train_cross_entropy": 0.5,
                 "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
-    monkeypatch.setattr(training, "train", train)
+    fake_training(monkeypatch, train)
     sweep.main(["--preset=fixup_fig3", "--depths=16,22", "--methods=fixup,none", f"--out={tmp_path}"])
     table = (tmp_path / "table.md").read_text()
     assert "| Fixup | 56.7 ± 33.0 (2/3 trained) | 80.0 ± 0.0 (3/3 trained) |" in table
@@ -174,7 +184,7 @@ def test_tiny_real_sweep_end_to_end(tmp_path):
 
 def test_a_result_line_cut_by_a_kill_is_dropped_and_its_run_runs_again(tmp_path, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-8,-7,-6", "--seeds=1", "--best_k=1", f"--out={tmp_path}"]
     sweep.main(args)
     log = tmp_path / "runs.jsonl"
@@ -236,7 +246,7 @@ def test_converged_protocol_chooses_the_lr_on_validation_then_trains_final_seeds
                 "chief": True, "eval_split": "validation" if config.validation_examples else "test",
                 "config": dataclasses.asdict(config)}
 
-    monkeypatch.setattr(training, "train", train)
+    fake_training(monkeypatch, train)
     args = ["--protocol=converged", "--depths=16", "--methods=batchnorm,skipinit", "--centre_log2_lrs=batchnorm=-2",
             "--log2_lrs=-5,-4,-3", "--seeds=1", "--best_k=1", "--extend_grid", "--epochs=3", "--validation_examples=500",
             "--final_seeds=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
@@ -267,7 +277,7 @@ def test_converged_protocol_needs_a_validation_split_and_final_seeds(tmp_path):
 
 def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     sweep.main(["--protocol=converged", "--depths=100", "--methods=batchnorm,skipinit", "--chosen_log2_lrs=batchnorm=-2,skipinit=-4",
                 "--validation_examples=500", "--final_seeds=2", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
     assert [(n, round(math.log2(lr)), seed) for n, lr, seed, _ in calls] == [
@@ -340,7 +350,7 @@ def test_a_sweep_in_parallel_rounds_makes_the_sequential_sweeps_runs_and_tables(
     any order; the grid extension, the best rate and the final seeds are
     decided from the results alone, so the runs and tables are the same."""
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     args = ["--protocol=converged", "--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-5,-4",
             "--seeds=2", "--best_k=1", "--extend_grid", "--validation_examples=100", "--final_seeds=2"]
     sweep.main([*args, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
@@ -385,7 +395,7 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
                 "chief": True, "eval_split": "validation" if config.validation_examples else "test",
                 "config": dataclasses.asdict(config)}
 
-    monkeypatch.setattr(training, "train", train)
+    fake_training(monkeypatch, train)
     args = ["--preset=batch_scaling_fashion_mnist", "--methods=ghost_batchnorm,skipinit", "--batch_sizes=64,512",
             "--centre_log2_lrs=ghost_batchnorm=-6,skipinit=-7", "--batch_size=64", "--micro_batch_size=256",
             f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
@@ -422,7 +432,7 @@ def test_a_sweep_into_an_out_of_another_experiment_is_refused(tmp_path, monkeypa
     that holds a sweep's runs: one line naming what differs, nothing run,
     nothing mixed in a report."""
     calls = []
-    monkeypatch.setattr(training, "train", fake_train(calls))
+    fake_training(monkeypatch, fake_train(calls))
     first = ["--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1", "--protocol=depth",
              f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
     sweep.main(first)
