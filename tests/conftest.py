@@ -4,11 +4,14 @@ for the tf.distribute tests.
 The model and layer tests also run under JAX (`KERAS_BACKEND=jax`, see
 tests/test_backends.py); tests that need TensorFlow itself are marked
 `tf_only`. The logical devices must be configured before TensorFlow
-initializes its runtime, so this runs at import time of the test session.
+initializes its runtime, so this runs when the test session starts
+(pytest_configure), before any test module is imported.
 """
 
 import contextlib
 import os
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -29,23 +32,33 @@ def _stderr_to_devnull():
         os.close(devnull)
 
 
-with _stderr_to_devnull():
-    import keras  # noqa: E402
+# Set by pytest_configure in every process that runs tests (not in pytest-xdist's
+# controller, which only schedules them: it skips TensorFlow's ~10 s start).
+BACKEND = None
+tf_only = None
 
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow  # noqa: E402, F401
-import pytest  # noqa: E402
 
-BACKEND = keras.backend.backend()
-tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="needs TensorFlow (tf.function, tf.distribute, tf.data)")
+def _start_keras():
+    global BACKEND, tf_only
+    with _stderr_to_devnull():
+        import keras
 
-if BACKEND == "tensorflow":
-    import tensorflow as tf
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow  # noqa: F401
+    BACKEND = keras.backend.backend()
+    tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="needs TensorFlow (tf.function, tf.distribute, tf.data)")
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
 
-    _cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
-    )
+        _cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+        )
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
+        _start_keras()
 
 
 # .ci/run: the README's install runs the suite first and writes here the tests that
@@ -67,6 +80,8 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(autouse=True)
 def _clean_keras_state():
+    import keras
+
     # Fresh layer names and graph per test. free_memory=False: no gc.collect() per test,
     # which took ~1 s each once TensorFlow's objects filled the heap (a sixth of the suite's time).
     keras.backend.clear_session(free_memory=False)

@@ -230,19 +230,22 @@ def test_preprocessing_travels_inside_the_keras_file(tmp_path):
 
 def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     """A finished run, resumed and stopped later, has a checkpoint newer than
-    its model.keras: export that one, and say which."""
-    model_dir = tmp_path / "run"
-    config = training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir))
-    training.train(config)
-    done = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "(epoch 1)" in done.stdout
-    newer = keras.models.load_model(model_dir / "model.keras")
+    its model.keras: export that one, and say which. (Both states side by
+    side: the run as it finished, and a copy resumed and killed; one process.)"""
+    import shutil
+
+    finished, later = tmp_path / "finished" / "run", tmp_path / "later" / "run"
+    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(finished)))
+    shutil.copytree(finished, later)
+    newer = keras.models.load_model(later / "model.keras")
     for w in newer.trainable_weights:
         w.assign(w + 0.01)
-    run_dir.Checkpoint(str(model_dir / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
-    later = run_export(f"--source={model_dir}", f"--base_path={tmp_path}/serving")
-    assert later.returncode == 0 and "(epoch 1, step 1)" in later.stdout, later.stderr[-2000:]
+    run_dir.Checkpoint(str(later / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
+    results = run_cli_cases("export", [[f"--source={finished}", f"--base_path={tmp_path}/serving"],
+                                       [f"--source={later}", f"--base_path={tmp_path}/serving"]], ROOT)
+    (done, done_out, done_err), (status, out, err) = results
+    assert done == 0 and "(epoch 1)" in done_out, done_err[-2000:]
+    assert status == 0 and "(epoch 1, step 1)" in out, err[-2000:]
     images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
     served = tf.saved_model.load(str(tmp_path / "serving" / "run" / "2")).signatures["serving_default"]
     outputs = served(images=images)

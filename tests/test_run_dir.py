@@ -119,29 +119,20 @@ def test_corrupt_run_files_are_named(tmp_path):
 # --- reusing a model_dir -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("finished") / "run"
-    proc = run_cli(*QUICK, f"--model_dir={model_dir}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return model_dir
-
-
-def test_a_complete_run_rerun_with_the_same_flags_is_left_alone(finished):
-    before = (finished / "results.json").read_text()
-    proc = run_cli(*QUICK, f"--model_dir={finished}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "is complete (completed, 1 epoch)" in proc.stdout and "Resuming" not in proc.stdout
-    assert (finished / "results.json").read_text() == before
-
-
-def test_other_flags_in_a_used_model_dir_are_refused(finished):
-    before = (finished / "results.json").read_text()
-    proc = run_cli(*QUICK, "--learning_rate=0.4", "--seed=7", f"--model_dir={finished}")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    (line,) = error_lines(proc)
+def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path):
+    """train.py on a used model_dir: the same flags leave a complete run alone;
+    other flags are one line naming each difference (both in one process)."""
+    model_dir = tmp_path / "run"
+    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    before = (model_dir / "results.json").read_text()
+    (same_status, same_out, _), (other_status, _, other_err) = run_cli_cases(
+        "train", [[*QUICK, f"--model_dir={model_dir}"], [*QUICK, "--learning_rate=0.4", "--seed=7", f"--model_dir={model_dir}"]],
+        ROOT)
+    assert same_status == 0 and "is complete (completed, 1 epoch)" in same_out and "Resuming" not in same_out
+    assert other_status == 2 and "Traceback" not in other_err
+    (line,) = [line for line in other_err.splitlines() if ": error:" in line]
     assert "--learning_rate (0.05 there, 0.4 now)" in line and "--seed (0 there, 7 now)" in line
-    assert "--restart" in line and (finished / "results.json").read_text() == before
+    assert "--restart" in line and (model_dir / "results.json").read_text() == before
 
 
 def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path):
