@@ -24,8 +24,8 @@ def run_cli(*flags, program="train.py"):
                           timeout=600, env=env, cwd=ROOT)
 
 
-def error_lines(proc):
-    return [line for line in proc.stderr.splitlines() if ": error:" in line]
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if ": error:" in line]
 
 
 def small_model(seed):
@@ -130,7 +130,7 @@ def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path
         ROOT)
     assert same_status == 0 and "is complete (completed, 1 epoch)" in same_out and "Resuming" not in same_out
     assert other_status == 2 and "Traceback" not in other_err
-    (line,) = [line for line in other_err.splitlines() if ": error:" in line]
+    (line,) = error_lines(other_err)
     assert "--learning_rate (0.05 there, 0.4 now)" in line and "--seed (0 there, 7 now)" in line
     assert "--restart" in line and (model_dir / "results.json").read_text() == before
 
@@ -223,7 +223,7 @@ def test_bad_model_and_export_dirs_are_one_line_errors_before_training(tmp_path)
     results = run_cli_cases("train", [[*QUICK, *flags] for flags, _ in cases], ROOT)
     for (flags, words), (status, _, err) in zip(cases, results):
         assert status == 2 and "Traceback" not in err, (flags, err)
-        (line,) = [line for line in err.splitlines() if ": error:" in line]
+        (line,) = error_lines(err)
         assert words in line, (flags, line)
     assert sorted(os.listdir(tmp_path / "foreign")) == ["notes.txt"]  # nothing written into it, not even the lock
     assert not os.path.exists(tmp_path / "run")  # a bad --export_dir is found before anything is trained
