@@ -84,11 +84,11 @@ def test_nf_rejects_v1_and_stray_beta():
 
 @tf_only
 def test_nf_trains_on_the_embedded_dataset(tmp_path):
-    from keras_skipinit import training
-
     """Two epochs of the decaying schedule. Seeds 0-4 on one machine gave test
     top-1 0.88-0.91 and final training cross-entropy 0.45-0.62 (from ln 10 =
     2.30); one constant-lr epoch gave 0.58-0.78, too close to any threshold."""
+    from keras_skipinit import training
+
     config = training.Config(normalization="nf", depth=10, width=1, epochs=2, schedule="cifar",
                              learning_rate=0.05, verbose=0, model_dir=str(tmp_path / "run"))
     results = training.train(config)
