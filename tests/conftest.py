@@ -162,6 +162,21 @@ print(json.dumps(results))
 """
 
 
+def train_py_in_process(*argv):
+    """train.py's main on these flags in this process (no new process and
+    TensorFlow start); returns its exit status. run_cli_cases runs the whole
+    command, flag errors included."""
+    from absl import flags
+
+    from keras_skipinit import train_cli
+
+    flags.FLAGS(["train.py", *argv])
+    try:
+        return train_cli.main(["train.py"])
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
 def run_cli_cases(name, cases, root, timeout=600):
     """The command `name` ("train" or "export") run once per argv in `cases`,
     all in one process (one TensorFlow start instead of one per case): absl's

@@ -11,17 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_cli_cases
+from conftest import run_cli_cases, train_py_in_process
 from keras_skipinit import _startup, applications as apps, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
-
-
-def run_cli(*flags, program="train.py"):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(ROOT, program), *flags], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=ROOT)
 
 
 def error_lines(stderr):
@@ -135,14 +129,24 @@ def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path
     assert "--restart" in line and (model_dir / "results.json").read_text() == before
 
 
-def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path):
+def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypatch):
     """Reported: killed as --normalization=none, it resumed as sqrt2 silently.
     A different depth printed 14 KB of layer reprs."""
     model_dir = tmp_path / "run"
     config = training.Config(depth=10, normalization="none", epochs=1, steps_per_epoch=2, verbose=0,
                              model_dir=str(model_dir))
-    training.train(config)
-    os.remove(model_dir / "results.json")  # as if killed before the end
+
+    class Killed(Exception):
+        pass
+
+    def killed(self, model):
+        raise Killed
+
+    monkeypatch.setattr(run_dir.Checkpoint, "restore", killed)  # killed once its model_spec.json is written
+    with pytest.raises(Killed):
+        training.train(config)
+    monkeypatch.undo()
+    assert (model_dir / run_dir.SPEC).exists() and not (model_dir / run_dir.RESULTS).exists()
     for change, named in ((dict(normalization="sqrt2"), "--normalization ('none' there, 'sqrt2' now)"),
                           (dict(depth=16), "--depth (10 there, 16 now)")):
         with pytest.raises(ValueError) as info:
@@ -234,28 +238,19 @@ def test_bad_model_and_export_dirs_are_one_line_errors_before_training(tmp_path)
 
 def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
     model_dir = tmp_path / "wrn10_lr=0.05"
-    proc = run_cli(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 0
     exported = tmp_path / "serving" / "wrn10_lr_0.05" / "1"
     assert (exported / "saved_model.pb").exists()
     assert json.loads((model_dir / "results.json").read_text())["export_path"] == str(exported)
 
 
 def test_an_export_failure_after_training_keeps_the_results(tmp_path, monkeypatch, capsys):
-    from absl import flags
-
-    from keras_skipinit import serving, train_cli
-
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
 
     monkeypatch.setattr(serving, "export", broken)
     model_dir = tmp_path / "run"
-    flags.FLAGS(["train.py", *QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving"])
-    try:
-        assert train_cli.main(["train.py"]) == 4
-    finally:
-        flags.FLAGS.unparse_flags()
+    assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 4
     results = json.loads((model_dir / "results.json").read_text())
     assert results["status"] == "completed" and "export_path" not in results
     assert "export failed (the run's results are kept" in capsys.readouterr().err

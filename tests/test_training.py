@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import BACKEND, run_cli_cases, tf_only
+from conftest import BACKEND, run_cli_cases, tf_only, train_py_in_process
 from keras_skipinit import applications as apps, data as data_lib, distribute, machine, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,18 +18,6 @@ SMALL = dict(depth=10, width=1, verbose=0)
 
 def small_config(tmp_path, **kwargs):
     return training.Config(**{**SMALL, "model_dir": str(tmp_path / "run"), **kwargs})
-
-
-def run_cli(*flags, timeout=600):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "train.py"), *flags],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 def final_weights(model_dir):
@@ -177,16 +165,20 @@ def test_ghost_batches_with_remainders_train(tmp_path, capsys, ghost, batch, not
 # --- end to end --------------------------------------------------------------------
 
 
-def test_training_learns_real_digits_end_to_end(tmp_path):
+def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     """Two epochs of the decaying schedule with BatchNorm (momentum 0.9) on the
     embedded digits, WRN-10-1. Seeds 0-4 on one machine: test top-1
     0.941-0.961, final training cross-entropy 0.23-0.25 (from ln 10 = 2.30;
     WRN-16-1: 0.960-0.967 and 0.17-0.20, at ~1.7x the time). The default model
     (SkipInit alpha = 0) is not used here: it leaves its initial plateau after
     a seed-dependent time (3 epochs at lr 0.05, seeds 0-4: 0.88, 0.75, 0.72,
-    0.88, 0.10), so no threshold on it holds on every machine."""
-    config = small_config(tmp_path, epochs=2, normalization="batchnorm", bn_momentum=0.9, learning_rate=0.1)
+    0.88, 0.10), so no threshold on it holds on every machine. fit runs once
+    per epoch; the progress display must still read 'Epoch k/N'."""
+    config = small_config(tmp_path, epochs=2, normalization="batchnorm", bn_momentum=0.9, learning_rate=0.1,
+                          verbose=2)
     results = training.train(config)
+    out = capsys.readouterr().out
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out
     assert results["status"] == "completed"
     assert results["train_cross_entropy"] < 0.5, results
     assert results["test_top1"] > 0.85, results
@@ -215,13 +207,6 @@ def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     assert held_out["backends"] == [BACKEND]
     assert not [k for k in held_out if k.startswith("test_")]
     assert run_dir.eval_metric({"test_top1": 0.5, "eval_split": "validation"}, "top1") == 0.5
-
-
-def test_progress_counts_epochs_of_the_whole_run(tmp_path, capsys):
-    """fit runs once per epoch; the display must still read 'Epoch k/N'."""
-    training.train(small_config(tmp_path, epochs=2, steps_per_epoch=2, verbose=2))
-    out = capsys.readouterr().out
-    assert "Epoch 1/2" in out and "Epoch 2/2" in out
 
 
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
@@ -278,11 +263,10 @@ def test_tfds_training_path_with_mock_cifar10(tmp_path, mock_tfds):
     assert results["config"]["dataset"] == "cifar10"
 
 
-def test_divergence_is_recorded_not_crashed(tmp_path):
-    proc = run_cli("--depth=10", "--width=1", "--normalization=none", "--learning_rate=1e6",
-                   "--epochs=2", "--steps_per_epoch=20", "--verbose=0", f"--model_dir={tmp_path}/run")
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "diverged" in proc.stdout and "Traceback" not in proc.stderr
+def test_divergence_is_recorded_not_crashed(tmp_path, capsys):
+    status = train_py_in_process("--depth=10", "--width=1", "--normalization=none", "--learning_rate=1e6",
+                                 "--epochs=2", "--steps_per_epoch=20", "--verbose=0", f"--model_dir={tmp_path}/run")
+    assert status == 3 and "diverged" in capsys.readouterr().out
     text = (tmp_path / "run" / "results.json").read_text()
     assert "NaN" not in text  # strict JSON: a non-finite loss is written as null
     results = json.loads(text)
@@ -306,7 +290,7 @@ def test_cli_bad_flags_give_one_line_errors():
         assert match in line and line.startswith("train.py: error:"), (flag, line)
 
 
-def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
+def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
     model_dir = tmp_path / "killed"
     flags = ["--depth=10", "--width=1", "--epochs=2", "--steps_per_epoch=12", "--checkpoint_steps=3",
              "--schedule=constant", "--learning_rate=0.02", "--verbose=0"]
@@ -326,9 +310,8 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path):
     assert not (model_dir / "results.json").exists()
     assert len((model_dir / "history.csv").read_text().splitlines()) == 2  # header + epoch 1
 
-    resumed = run_cli(*flags, f"--model_dir={model_dir}")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Resuming from epoch 2" in resumed.stdout
+    assert train_py_in_process(*flags, f"--model_dir={model_dir}") == 0  # the resume: in this process
+    assert "Resuming from epoch 2" in capsys.readouterr().out
     epochs = [line.split(",")[0] for line in (model_dir / "history.csv").read_text().splitlines()[1:]]
     assert epochs == ["1", "2"]
     assert json.loads((model_dir / "results.json").read_text())["epochs_completed"] == 2
