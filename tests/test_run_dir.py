@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import run_cli_cases, train_py_in_process
+from conftest import train_py_in_process
 from keras_skipinit import _startup, applications as apps, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,18 +113,17 @@ def test_corrupt_run_files_are_named(tmp_path):
 # --- reusing a model_dir -------------------------------------------------------------
 
 
-def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path):
+def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path, capsys):
     """train.py on a used model_dir: the same flags leave a complete run alone;
-    other flags are one line naming each difference (both in one process)."""
+    other flags are one line naming each difference (train.py's main in this process)."""
     model_dir = tmp_path / "run"
     training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
     before = (model_dir / "results.json").read_text()
-    (same_status, same_out, _), (other_status, _, other_err) = run_cli_cases(
-        "train", [[*QUICK, f"--model_dir={model_dir}"], [*QUICK, "--learning_rate=0.4", "--seed=7", f"--model_dir={model_dir}"]],
-        ROOT)
-    assert same_status == 0 and "is complete (completed, 1 epoch)" in same_out and "Resuming" not in same_out
-    assert other_status == 2 and "Traceback" not in other_err
-    (line,) = error_lines(other_err)
+    assert train_py_in_process(*QUICK, f"--model_dir={model_dir}") == 0
+    same_out = capsys.readouterr().out
+    assert "is complete (completed, 1 epoch)" in same_out and "Resuming" not in same_out
+    assert train_py_in_process(*QUICK, "--learning_rate=0.4", "--seed=7", f"--model_dir={model_dir}") == 2
+    (line,) = error_lines(capsys.readouterr().err)
     assert "--learning_rate (0.05 there, 0.4 now)" in line and "--seed (0 there, 7 now)" in line
     assert "--restart" in line and (model_dir / "results.json").read_text() == before
 
@@ -217,17 +216,17 @@ def test_a_new_model_dir_holding_only_the_lock_file_is_accepted(tmp_path):
     run_dir.check_not_foreign(str(tmp_path / "run"))  # no ValueError
 
 
-def test_bad_model_and_export_dirs_are_one_line_errors_before_training(tmp_path):
+def test_bad_model_and_export_dirs_are_one_line_errors_before_training(tmp_path, capsys):
+    """Exit status 2 and one line from train.py's main (in this process)."""
     (tmp_path / "f").write_text("x")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
     cases = [(["--model_dir="], "must name a directory"), ([f"--model_dir={tmp_path / 'f'}"], "is a file"),
              ([f"--model_dir={tmp_path / 'foreign'}"], "holds no keras_skipinit run"),
              ([f"--model_dir={tmp_path / 'run'}", f"--export_dir={tmp_path / 'f'}"], "is a file")]
-    results = run_cli_cases("train", [[*QUICK, *flags] for flags, _ in cases], ROOT)
-    for (flags, words), (status, _, err) in zip(cases, results):
-        assert status == 2 and "Traceback" not in err, (flags, err)
-        (line,) = error_lines(err)
+    for flags, words in cases:
+        assert train_py_in_process(*QUICK, *flags) == 2, flags
+        (line,) = error_lines(capsys.readouterr().err)
         assert words in line, (flags, line)
     assert sorted(os.listdir(tmp_path / "foreign")) == ["notes.txt"]  # nothing written into it, not even the lock
     assert not os.path.exists(tmp_path / "run")  # a bad --export_dir is found before anything is trained
