@@ -380,6 +380,7 @@ def test_a_run_that_fails_in_its_executor_is_a_one_line_error_naming_it(tmp_path
     assert "error: run skipinit depth 10 lr 2^-4 seed 0: its worker died 4 times" in capsys.readouterr().err
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # the figure too: all its final runs share one loss here
 def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_validation_and_resumes(tmp_path, monkeypatch):
     """SkipInit Fig. 3's protocol: cells (method, batch size); each grid starts
     at the octaves around centre + log2(B / batch_size) and extends until

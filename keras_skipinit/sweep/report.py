@@ -367,7 +367,8 @@ def _plot_batch_scaling(details, args):
             ax.plot([b for b, _ in failed], [lr for _, lr in failed], "x", color=color, ms=7, mew=2)
     acc_ax.set_ylabel("test accuracy % (final runs)")
     ce_ax.set_ylabel("training cross-entropy (no L2)")
-    ce_ax.set_yscale("log")
+    if len({c["ce_mean"] for c in details.values() if c.get("ce_mean")}) > 1:  # one value: a log axis is singular
+        ce_ax.set_yscale("log")
     lr_ax.set_ylabel("learning rate chosen (x: failed)")
     lr_ce_ax.set_ylabel("learning rate of lowest training loss")
     for ax in axes.flat:
