@@ -348,6 +348,7 @@ def _plot_batch_scaling(details, args):
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), sharex=True)
     (acc_ax, ce_ax), (lr_ax, lr_ce_ax) = axes
+    losses_drawn = set()
     for i, key in enumerate(args.methods):
         cells = [details[f"{key}/batch{b}"] for b in args.batch_sizes if f"{key}/batch{b}" in details]
         if not cells:
@@ -360,6 +361,7 @@ def _plot_batch_scaling(details, args):
         with_ce = [c for c in cells if c["ce_mean"] is not None]
         ce_ax.errorbar([c["batch_size"] * shift for c in with_ce], [c["ce_mean"] for c in with_ce],
                        yerr=[c["ce_std"] for c in with_ce], marker="o", capsize=3, color=color)
+        losses_drawn.update(c["ce_mean"] for c in with_ce)
         for ax, field in ((lr_ax, "lr"), (lr_ce_ax, "lr_lowest_loss")):
             chosen = [c for c in cells if c[field]]
             ax.plot([c["batch_size"] * shift for c in chosen], [c[field] for c in chosen], "o-", color=color)
@@ -367,7 +369,7 @@ def _plot_batch_scaling(details, args):
             ax.plot([b for b, _ in failed], [lr for _, lr in failed], "x", color=color, ms=7, mew=2)
     acc_ax.set_ylabel("test accuracy % (final runs)")
     ce_ax.set_ylabel("training cross-entropy (no L2)")
-    if len({c["ce_mean"] for c in details.values() if c.get("ce_mean")}) > 1:  # one value: a log axis is singular
+    if len(losses_drawn) > 1:  # one value: a log axis is singular
         ce_ax.set_yscale("log")
     lr_ax.set_ylabel("learning rate chosen (x: failed)")
     lr_ce_ax.set_ylabel("learning rate of lowest training loss")
