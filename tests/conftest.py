@@ -61,6 +61,14 @@ def pytest_configure(config):
         _start_keras()
 
 
+# Real trainings (marked heavy: 15-60 s each on 2 cores) run first. They sat at the end of the
+# collection (test_training.py), where xdist hands out its last tests: one worker ran the last of
+# them while the other idled. First, and with pytest.ini's --dist worksteal (an idle worker takes
+# the end of a busy one's queue), the run ends on short tests on both workers.
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable: otherwise as collected
+
+
 # .ci/run: the README's install runs the suite first and writes here the tests that
 # skipped (needing JAX, Ray or Fashion-MNIST), which it runs again with the extras.
 SKIPPED_FILE = os.environ.get("KERAS_SKIPINIT_SKIPPED_FILE")

@@ -288,6 +288,7 @@ def test_depth_logic_small():
     assert np.all(np.isfinite(model(x)))
 
 
+@pytest.mark.heavy
 def test_1000_layer_wide_resnet_builds_and_runs_forward():
     """The paper's 1000-layer net with SkipInit (the mission's claim). One
     normalization: the blocks are the same code at every depth and each

@@ -64,6 +64,7 @@ def run_jax(args, timeout=900, devices=1, fast_compile=False):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("test_file", JAX_SUBSET)
 def test_model_and_layer_tests_pass_under_jax(test_file):
     """One JAX process per file, so that `pytest -n` spreads them over the cores."""
@@ -254,6 +255,7 @@ JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads 
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("test_file,select", JAX_TRAINING, ids=[f"{f}:{k.split()[0]}" for f, k in JAX_TRAINING])
 def test_training_tests_pass_under_jax(test_file, select):
     require_jax()

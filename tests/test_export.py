@@ -228,6 +228,7 @@ def test_preprocessing_travels_inside_the_keras_file(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     """A finished run, resumed and stopped later, has a checkpoint newer than
     its model.keras: export that one, and say which. (Both states side by

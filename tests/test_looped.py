@@ -63,6 +63,7 @@ def test_looped_equals_unrolled_in_inference_and_training(normalization):
         assert_same_weights(unrolled, loop, atol=1e-5)  # BN moving statistics updated alike
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("normalization,remat", [("ghost_batchnorm", True), ("fixup", False)])
 def test_training_steps_give_the_same_weights(normalization, remat):
     """Same loss and gradients: after an SGD step (moving statistics included)
@@ -197,6 +198,7 @@ def train_step_ops(depth, loop):
     return len(graph.get_operations())
 
 
+@pytest.mark.heavy
 @tf_only
 def test_the_traced_graph_does_not_grow_with_depth():
     looped_ops = [train_step_ops(d, True) for d in (22, 52)]
@@ -205,6 +207,7 @@ def test_the_traced_graph_does_not_grow_with_depth():
     assert unrolled_ops[1] > 2 * unrolled_ops[0] > 2 * looped_ops[0]
 
 
+@pytest.mark.heavy
 @tf_only
 def test_export_of_a_looped_model_serves_its_outputs(tmp_path):
     """Folded (the default) and not: the loop runs in TF Serving's loader too."""

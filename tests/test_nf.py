@@ -82,6 +82,7 @@ def test_nf_rejects_v1_and_stray_beta():
         apps.WideResNet(10, 1, normalization="nf", nf_beta=0.0)
 
 
+@pytest.mark.heavy
 @tf_only
 def test_nf_trains_on_the_embedded_dataset(tmp_path):
     """Two epochs of the decaying schedule. Seeds 0-4 on one machine gave test

@@ -165,6 +165,7 @@ def test_ghost_batches_with_remainders_train(tmp_path, capsys, ghost, batch, not
 # --- end to end --------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     """Two epochs of the decaying schedule with BatchNorm (momentum 0.9) on the
     embedded digits, WRN-10-1. Seeds 0-4 on one machine: test top-1
@@ -190,6 +191,7 @@ def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     assert history[0].startswith("epoch,lr,") and len(history) == 3
 
 
+@pytest.mark.heavy
 def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     """results.json reuses the validation of the last epoch (same weights)
     instead of evaluating the test split a second time."""
@@ -236,6 +238,7 @@ def test_mirrored_strategy_is_shared_by_runs_in_one_process():
 TWO_DEVICE_CASES = [("ghost_batchnorm", 8, True)] + ([("batchnorm", None, False)] if BACKEND == "jax" else [])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("normalization,ghost,loop_blocks", TWO_DEVICE_CASES)
 def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_blocks):
     """MirroredStrategy over 2 logical CPUs (TensorFlow) or DataParallel over
@@ -290,6 +293,7 @@ def test_cli_bad_flags_give_one_line_errors():
         assert match in line and line.startswith("train.py: error:"), (flag, line)
 
 
+@pytest.mark.heavy
 def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
     model_dir = tmp_path / "killed"
     flags = ["--depth=10", "--width=1", "--epochs=2", "--steps_per_epoch=12", "--checkpoint_steps=3",
@@ -323,6 +327,7 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+@pytest.mark.heavy
 def test_a_checkpoint_at_an_epochs_last_step_resumes_exactly(tmp_path, monkeypatch):
     """Issue 32.1: a kill during the end-of-epoch evaluation left the newest
     checkpoint at (epoch 0, step 4 of 4); the resume applied a 9th update and
@@ -375,6 +380,7 @@ def _free_ports(n):
     return ports
 
 
+@pytest.mark.heavy
 def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
     """Two processes on localhost, MultiWorkerMirroredStrategy from TF_CONFIG
     or, on JAX, keras.distribution.initialize from KERAS_DISTRIBUTION_*:
