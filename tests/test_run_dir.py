@@ -294,6 +294,7 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
 # --- a quiet start -------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("command", [
     [os.path.join(ROOT, "train.py"), "--no_such_flag"],
     ["-m", "export", "--no_such_flag"],

@@ -143,6 +143,7 @@ def test_accumulation_logs_the_schedule_of_updates(tmp_path):
     assert lr[0] == pytest.approx(0.025)
 
 
+@pytest.mark.heavy
 def test_epochs_longer_than_the_data_repeat_it(tmp_path):
     """steps_per_epoch beyond one pass: every epoch makes all its updates
     (the schedule counts them), on repeated, reshuffled data."""
