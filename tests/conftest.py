@@ -64,7 +64,8 @@ def pytest_configure(config):
 # Real trainings (marked heavy: 15-60 s each on 2 cores) run first. They sat at the end of the
 # collection (test_training.py), where xdist hands out its last tests: one worker ran the last of
 # them while the other idled. First, and with pytest.ini's --dist worksteal (an idle worker takes
-# the end of a busy one's queue), the run ends on short tests on both workers.
+# the end of a busy one's queue), the run ends on short tests on both workers (the README's command
+# on 2 cores: 481-503 s in four runs before, 455-483 s in four after).
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable: otherwise as collected
 
