@@ -423,6 +423,7 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
     summary = json.loads((tmp_path / "summary.json").read_text())
     cell = summary["cells"]["skipinit/batch512"]
     assert cell["lr"] == 2.0**-4 and cell["lr_lowest_loss"] == 2.0**-4 and cell["mean"] == pytest.approx(0.9)
+    assert cell["trained_lrs"] == [2.0**-5, 2.0**-4, 2.0**-3] and cell["failed_lrs"] == []
     assert "| SkipInit (alpha = 0) | 512 (256 x 2) | 2^-4 (interior)" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "sweep.png").stat().st_size > 10000
 

@@ -161,6 +161,7 @@ def batch_scaling_table(runs, args):
             best_ce, ce_rows = (summarize(selection, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
                                 if selection else (None, []))
             failed = [r["lr"] for r in rows if r["mean"] is None]
+            trained = [r["lr"] for r in rows if r["mean"] is not None]
             accs = _accuracies(final, args)
             ces = [r["train_cross_entropy"] for r in final if r["status"] == "completed"]
             micro = (selection or final)[0].get("accumulation_steps", 1)
@@ -173,7 +174,7 @@ def batch_scaling_table(runs, args):
             details[f"{key}/batch{batch}"] = {
                 "batch_size": batch, "accumulation_steps": micro, "validation_top1": rows,
                 "train_cross_entropy": ce_rows, "lr": best and best["lr"], "lr_lowest_loss": best_ce and best_ce["lr"],
-                "failed_lrs": failed, "test_top1": [r["test_top1"] for r in final],
+                "failed_lrs": failed, "trained_lrs": trained, "test_top1": [r["test_top1"] for r in final],
                 "final_train_cross_entropy": [r["train_cross_entropy"] for r in final],
                 "mean": float(np.mean(accs)) if final else None, "std": float(np.std(accs)) if final else None,
                 "ce_mean": float(np.mean(ces)) if ces else None, "ce_std": float(np.std(ces)) if ces else None}
@@ -343,8 +344,9 @@ def _plot_batch_scaling(details, args):
     """SkipInit Fig. 3: (a) test accuracy, (b) training cross-entropy of the
     final runs, (c) the rate chosen for accuracy and (d) the rate of lowest
     training loss, against batch size; error bars over seeds, rates that
-    failed (diverged or at chance) marked x, so the largest stable rate per
-    batch size shows below them."""
+    failed (diverged or at chance) marked x and the other rates tried as
+    small open circles, so the largest stable rate tried per batch size
+    shows (below the x where one failed)."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), sharex=True)
     (acc_ax, ce_ax), (lr_ax, lr_ce_ax) = axes
@@ -367,11 +369,13 @@ def _plot_batch_scaling(details, args):
             ax.plot([c["batch_size"] * shift for c in chosen], [c[field] for c in chosen], "o-", color=color)
             failed = [(c["batch_size"] * shift, lr) for c in cells for lr in c["failed_lrs"]]
             ax.plot([b for b, _ in failed], [lr for _, lr in failed], "x", color=color, ms=7, mew=2)
+            trained = [(c["batch_size"] * shift, lr) for c in cells for lr in c["trained_lrs"]]
+            ax.plot([b for b, _ in trained], [lr for _, lr in trained], "o", color=color, ms=4, mfc="none", alpha=0.6)
     acc_ax.set_ylabel("test accuracy % (final runs)")
     ce_ax.set_ylabel("training cross-entropy (no L2)")
     if len(losses_drawn) > 1:  # one value: a log axis is singular
         ce_ax.set_yscale("log")
-    lr_ax.set_ylabel("learning rate chosen (x: failed)")
+    lr_ax.set_ylabel("learning rate chosen (x: failed, o: tried)")
     lr_ce_ax.set_ylabel("learning rate of lowest training loss")
     for ax in axes.flat:
         ax.set_xscale("log", base=2)
