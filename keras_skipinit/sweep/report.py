@@ -367,10 +367,10 @@ def _plot_batch_scaling(details, args):
         for ax, field in ((lr_ax, "lr"), (lr_ce_ax, "lr_lowest_loss")):
             chosen = [c for c in cells if c[field]]
             ax.plot([c["batch_size"] * shift for c in chosen], [c[field] for c in chosen], "o-", color=color)
-            failed = [(c["batch_size"] * shift, lr) for c in cells for lr in c["failed_lrs"]]
-            ax.plot([b for b, _ in failed], [lr for _, lr in failed], "x", color=color, ms=7, mew=2)
-            trained = [(c["batch_size"] * shift, lr) for c in cells for lr in c["trained_lrs"]]
-            ax.plot([b for b, _ in trained], [lr for _, lr in trained], "o", color=color, ms=4, mfc="none", alpha=0.6)
+            for lrs, style in (("failed_lrs", dict(marker="x", ms=7, mew=2)),
+                               ("trained_lrs", dict(marker="o", ms=4, mfc="none", alpha=0.6))):
+                points = [(c["batch_size"] * shift, lr) for c in cells for lr in c[lrs]]
+                ax.plot([b for b, _ in points], [lr for _, lr in points], linestyle="none", color=color, **style)
     acc_ax.set_ylabel("test accuracy % (final runs)")
     ce_ax.set_ylabel("training cross-entropy (no L2)")
     if len(losses_drawn) > 1:  # one value: a log axis is singular
