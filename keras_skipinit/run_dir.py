@@ -193,33 +193,28 @@ def _read_history(path):
     return header, [dict(zip(header, line.split(","))) for line in lines[1:]]
 
 
-def _write_history(path, header, rows):
-    with open(path, "w") as f:
-        f.write("\n".join([",".join(header)] + [",".join(row.get(k, "") for k in header) for row in rows]) + "\n")
+def write_history(model_dir, rows):
+    """Writes history.csv whole (temporary file, then rename) from the run's
+    rows (dicts, one per epoch), under one header: the union of their columns
+    in order of appearance, blank where a row lacks one (or holds None). The rows travel in
+    every checkpoint (`training`), so the file is rebuilt from the checkpoint
+    a run resumes from: an epoch's row and its checkpoint commit together."""
+    def cell(value):
+        return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
 
-
-def append_history(model_dir, row):
-    """Appends one epoch's row to history.csv, every row under one header: a
-    row with a column the header lacks rewrites the file with it (earlier
-    rows leave it blank), a row without one leaves its cell blank."""
+    header = list(dict.fromkeys(k for row in rows for k in row))
+    lines = [",".join(header)] + [",".join(cell(row.get(k)) for k in header) for row in rows]
     path = os.path.join(model_dir, HISTORY)
-    cells = {k: f"{v:.6g}" if isinstance(v, float) else str(v) for k, v in row.items()}
-    header, rows = _read_history(path)
-    if header and set(cells) <= set(header):
-        with open(path, "a") as f:
-            f.write(",".join(cells.get(k, "") for k in header) + "\n")
-        return
-    _write_history(path, header + [k for k in cells if k not in header], rows + [cells])
+    with open(f"{path}.tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(f"{path}.tmp", path)
 
 
-def truncate_history(model_dir, epoch):
-    """Keeps the header and the rows of epochs up to `epoch` (rows past the
-    checkpoint a run resumes from)."""
-    path = os.path.join(model_dir, HISTORY)
-    header, rows = _read_history(path)
-    kept = [row for row in rows if int(row["epoch"]) <= epoch]
-    if len(kept) < len(rows):
-        _write_history(path, header, kept)
+def read_history(model_dir):
+    """history.csv's rows as dicts of numbers (a blank cell left out): the
+    rows of a run whose checkpoints predate the rows in their state."""
+    header, rows = _read_history(os.path.join(model_dir, HISTORY))
+    return [{k: (int(v) if k == "epoch" else float(v)) for k, v in row.items() if v} for row in rows]
 
 
 def history_column(model_dir, column):
@@ -282,18 +277,27 @@ class Checkpoint:
     def all(self):
         return self._list(self.directory)
 
-    def save(self, model, epoch, step_in_epoch):
+    def save(self, model, epoch, step_in_epoch, **state):
+        """Saves at (epoch, step_in_epoch) with `state` (JSON values: the
+        run's history rows, its partial epoch's metrics, its time so far) in
+        state.json beside the weights."""
         out = self.write_directory
         os.makedirs(out, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix="tmp-", dir=out)
         model.save_weights(os.path.join(tmp, self.WEIGHTS))
-        write_json(os.path.join(tmp, self.STATE), {"epoch": epoch, "step_in_epoch": step_in_epoch})
+        write_json(os.path.join(tmp, self.STATE),
+                   strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
         final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
         if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
             shutil.rmtree(final)
         os.replace(tmp, final)
         for _, _, old in self._list(out)[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def read_state(cls, path):
+        """The state.json of the checkpoint at `path` (what `save` was given)."""
+        return read_json(os.path.join(path, cls.STATE))
 
     def restore(self, model, with_optimizer=True):
         """Loads the newest readable checkpoint into `model`; returns its

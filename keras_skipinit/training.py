@@ -230,23 +230,43 @@ def add_l2(model, coefficient):
 class TrainingMonitor(keras.callbacks.Callback):
     """Stops at the first non-finite loss and checkpoints every N steps,
     except at the epoch's last step: the epoch-end checkpoint follows its
-    evaluation, and a resume from the last step would find no step to run."""
+    evaluation, and a resume from the last step would find no step to run.
 
-    def __init__(self, checkpoint, epoch, first_step, every, last_step):
+    A run resumed at step S of an epoch gets `partial_logs`, the epoch's
+    training metrics over its first S steps (from the checkpoint), and merges
+    them into the logs every later callback sees (history, TensorBoard, the
+    progress display): the epoch reports its metrics over all its steps, as
+    the run that was never stopped does. Every step is a batch of the same
+    size, so the running means combine by step counts. Goes first in the
+    callback list."""
+
+    def __init__(self, save, epoch, first_step, every, last_step, partial_logs=None):
         super().__init__()
-        self.checkpoint, self.epoch, self.step, self.every = checkpoint, epoch, first_step, every
-        self.last_step = last_step
+        self.save, self.epoch, self.step, self.every = save, epoch, first_step, every
+        self.first_step, self.last_step, self.partial_logs = first_step, last_step, partial_logs or {}
         self.diverged = None
+
+    def _merge(self, logs):
+        before, after = self.first_step, self.step - self.first_step
+        for name, value in self.partial_logs.items():
+            if name in logs and value is not None and not name.startswith("val_"):
+                logs[name] = (before * value + after * logs[name]) / (before + after)
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
-        loss = (logs or {}).get("loss")
+        logs = logs if logs is not None else {}
+        self._merge(logs)
+        loss = logs.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
             self.model.stop_training = True
         elif self.every and self.step % self.every == 0 and self.step < self.last_step:
             distribute.sync_weights(self.model)  # JAX: from the trainer's state
-            self.checkpoint.save(self.model, self.epoch, self.step)
+            self.save(self.epoch, self.step, partial_logs=dict(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            self._merge(logs)
 
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
@@ -337,7 +357,21 @@ def _train(config, strategy, out_dir, start):
             images, _ = next(iter(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed)))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
-    run_dir.truncate_history(out_dir, epoch)  # rows past a checkpoint that was not readable
+    # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
+    # history.csv is rebuilt from the one resumed from (a kill between a checkpoint and its row loses nothing).
+    state = run_dir.Checkpoint.read_state(restored) if restored else {}
+    rows = state.get("history")
+    if rows is None:  # a checkpoint from before the rows travelled with it, or none
+        rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= epoch]
+    if rows or os.path.exists(os.path.join(out_dir, run_dir.HISTORY)):
+        run_dir.write_history(out_dir, rows)
+    partial_logs = state.get("partial_logs") if skip else None
+    earlier_s = state.get("wall_time_s", 0.0)  # the time of the processes before this one
+
+    def save(epoch, step, partial_logs=None):
+        checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
+                        wall_time_s=earlier_s + time.time() - start)
+
     if restored and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
@@ -351,7 +385,7 @@ def _train(config, strategy, out_dir, start):
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
         if skip < micro_steps:
-            monitor = TrainingMonitor(checkpoint, epoch, skip, config.checkpoint_steps, micro_steps)
+            monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs)
             train_ds = data_lib.train_pipeline(
                 dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
             )
@@ -374,10 +408,11 @@ def _train(config, strategy, out_dir, start):
         else:  # a checkpoint at the epoch's last step (versions before issue 32): its updates are done
             with strategy.scope():
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
-                logs = {f"val_{k}": v for k, v in metrics.items()}
-        epoch, skip = epoch + 1, 0
-        checkpoint.save(model, epoch, 0)
-        run_dir.append_history(out_dir, {"epoch": epoch, "lr": _current_lr(model), **logs})
+                logs = {**(partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
+        epoch, skip, partial_logs = epoch + 1, 0, None
+        rows.append({"epoch": epoch, "lr": _current_lr(model), **logs})
+        save(epoch, 0)
+        run_dir.write_history(out_dir, rows)
         # The validation at the end of the last epoch saw the final weights.
         final_eval = {k[len("val_"):]: v for k, v in logs.items() if k.startswith("val_")}
 
@@ -393,7 +428,7 @@ def _train(config, strategy, out_dir, start):
     else:  # every epoch was trained before this process (e.g. killed before results.json)
         with strategy.scope():
             metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
-    train_ce = (run_dir.history_column(out_dir, "cross_entropy") or [None])[-1] if not diverged else None
+    train_ce = rows[-1].get("cross_entropy") if rows and not diverged else None
     results = {
         "status": "diverged" if diverged else "completed",
         "diverged_at": diverged,
@@ -407,7 +442,7 @@ def _train(config, strategy, out_dir, start):
         "replicas": replicas,
         "workers": distribute.num_workers(strategy),
         "chief": chief,
-        "wall_time_s": time.time() - start,
+        "wall_time_s": earlier_s + time.time() - start,  # every process of the run, up to its checkpoint
         "backend": distribute.backend(),  # the one that finished the run
         "backends": backends,  # every one it used
         "num_train": dataset.num_train,

@@ -343,12 +343,12 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_exactly(tmp_path, monkeypat
     class Killed(Exception):
         pass
 
-    def save_then_kill(self, model, epoch, step):
+    def save_then_kill(self, model, epoch, step, **state):
         saved.append((epoch, step))
         if (epoch, step) == (1, 0):
-            save(self, model, 0, 4)
+            save(self, model, 0, 4)  # as that version saved it: no state
             raise Killed
-        save(self, model, epoch, step)
+        save(self, model, epoch, step, **state)
 
     monkeypatch.setattr(run_dir.Checkpoint, "save", save_then_kill)
     with pytest.raises(Killed):
@@ -367,6 +367,55 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_exactly(tmp_path, monkeypat
     assert [row[0] for row in rows[1:]] == ["1", "2"] and len({len(row) for row in rows}) == 1
     assert run_dir.history_column(config.model_dir, "val_top1")[-1] == pytest.approx(straight["test_top1"])
     assert resumed["train_cross_entropy"] == pytest.approx(straight["train_cross_entropy"], rel=1e-4)
+
+
+@pytest.mark.heavy
+def test_a_resumed_run_records_what_the_run_never_stopped_records(tmp_path, monkeypatch):
+    """Issue 45.1: killed between the last epoch's checkpoint and its history
+    row, or right after a mid-epoch checkpoint, the resumed run's history.csv
+    (every epoch, training metrics over the whole epoch) and
+    train_cross_entropy are the uninterrupted run's, and its wall time adds
+    up both processes."""
+    kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="constant", learning_rate=0.02)
+    straight = training.train(small_config(tmp_path / "straight", **kwargs))
+    expected = run_dir.read_history(str(tmp_path / "straight" / "run"))
+
+    class Killed(Exception):
+        pass
+
+    write_history, save = run_dir.write_history, run_dir.Checkpoint.save
+
+    def kill_before_the_last_row(model_dir, rows):
+        if len(rows) == 2:
+            raise Killed
+        write_history(model_dir, rows)
+
+    def kill_after_mid_epoch_checkpoint(self, model, epoch, step, **state):
+        save(self, model, epoch, step, **state)
+        if (epoch, step) == (1, 2):
+            raise Killed
+
+    faults = {"last_row": (run_dir, "write_history", kill_before_the_last_row),
+              "mid_epoch": (run_dir.Checkpoint, "save", kill_after_mid_epoch_checkpoint)}
+    for name, (owner, attribute, fault) in faults.items():
+        config = small_config(tmp_path / name, **kwargs)
+        monkeypatch.setattr(owner, attribute, fault)
+        started = time.time()
+        with pytest.raises(Killed):
+            training.train(config)
+        killed_s = time.time() - started
+        monkeypatch.undo()
+        started = time.time()
+        resumed = training.train(config)
+        resumed_s = time.time() - started
+        rows = run_dir.read_history(config.model_dir)
+        assert [row["epoch"] for row in rows] == [1, 2], name
+        for row, want in zip(rows, expected):
+            assert row.keys() == want.keys(), name
+            for key in want:  # loss, cross_entropy, top1, top5 over all the epoch's steps; validation; lr
+                assert row[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (name, row["epoch"], key)
+        assert resumed["train_cross_entropy"] == pytest.approx(straight["train_cross_entropy"], rel=1e-5), name
+        assert resumed["wall_time_s"] > killed_s + resumed_s - 1.0, (name, resumed["wall_time_s"], killed_s)
 
 
 def _free_ports(n):
