@@ -64,6 +64,21 @@ def preprocess_batch(images, preprocessing):
     return (x - mean) / tf.maximum(std, 1.0 / np.sqrt(count))
 
 
+def exact_shape(x, height, width, channels):
+    """`x` unchanged, by ops that fail on any other image shape than
+    [batch, height, width, channels]. LiteRT's signature runner resizes the
+    input to whatever it is given and the converter drops shape asserts, so
+    without them a 28x28 model answers 32x32 or 1x1 images (global pooling).
+    Built-in ops only, exact in float: `x * 0` broadcast to the image shape
+    (each dimension the model's or 1), the images regrouped by the model's
+    image size (the element count a multiple of it), and the two stacked
+    (same batch). The converter cannot fold them away, as it folds a reshape
+    to the shape it already knows."""
+    size = [1, height, width, channels]
+    regrouped = tf.reshape(tf.reshape(x, [-1, height * width * channels]), [-1, height, width, channels])
+    return tf.reduce_sum(tf.stack([regrouped, x * tf.zeros(size, x.dtype)], axis=-1), axis=-1)
+
+
 def inference_model(model):
     """The folded (and unrolled) model the files compute."""
     return serving.fold(looped.unroll(model))
@@ -79,7 +94,8 @@ def _archive(model, preprocessing, directory):
         raise ValueError(f"preprocessing=imagenet needs a {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE} model, "
                          f"has {height}x{width}")
     def serve(images):
-        return {"probabilities": serving.probabilities(model, preprocess_batch(images, preprocessing))}
+        x = exact_shape(tf.cast(images, tf.float32), height, width, channels)
+        return {"probabilities": serving.probabilities(model, preprocess_batch(x, preprocessing))}
 
     spec = tf.TensorSpec([None, height, width, channels], tf.uint8, name="images")
     archive = keras.export.ExportArchive()

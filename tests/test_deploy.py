@@ -53,6 +53,24 @@ def test_litert_and_onnx_files_equal_the_keras_model_on_real_images(tmp_path, di
         assert json.loads(open(path + ".check.json").read()) == report
 
 
+def test_files_refuse_images_of_any_other_shape(tmp_path, digits):
+    """Issue 45.2: LiteRT's signature runner resizes the input to what it is
+    given; the file itself refuses another height, width, channel count, or
+    images regrouped to the same element count."""
+    _require_export()
+    images, _ = digits
+    model = apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="skipinit", seed=1)
+    wrong = [(2, 32, 32, 1), (2, 100, 7, 1), (2, 1, 1, 1), (2, 28, 28, 3), (2, 14, 56, 1), (2, 28, 1, 1),
+             (28, 28, 1, 1)]
+    for fmt in ("litert", "onnx"):
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.SUFFIXES[fmt]}"), "standardize")
+        assert deploy.run_file(path, images[:3]).shape == (3, 10)
+        for shape in wrong:
+            with pytest.raises(Exception):
+                deploy.run_file(path, np.zeros(shape, np.uint8))
+                pytest.fail(f"{fmt} answered images of shape {shape}")
+
+
 def test_a_file_that_disagrees_with_the_model_fails_its_check_and_is_kept(tmp_path, digits):
     _require_export()
     images, labels = digits
