@@ -274,14 +274,27 @@ def check(path, model, images, labels, preprocessing, quantize=None, want=None):
 
 
 def images_of(dataset, split, count, imagenet):
-    """The first `count` uint8 images and labels of a Dataset split, as a
-    client sends them (ImageNet-style: resized and center-cropped to 224)."""
+    """`count` uint8 images and labels of a Dataset split, as a client sends
+    them (ImageNet-style: resized and center-cropped to 224), class-balanced:
+    at most ceil(count / classes) of each class, in the split's order, topped
+    up in order where a class has fewer. Splits may be stored sorted by class
+    (the embedded digits' test split is): its first 500 are digits 0-4."""
     ds = dataset.test if split == "eval" else dataset.train
-    images, labels = [], []
-    for image, label in ds.take(count):
+    quota = -(-count // dataset.num_classes)
+    taken, spare, per_class = [], [], {}
+    for image, label in ds:
+        label = int(label)
+        if per_class.get(label, 0) < quota:
+            per_class[label] = per_class.get(label, 0) + 1
+            taken.append((image, label))
+        elif len(spare) < count:
+            spare.append((image, label))
+        if len(taken) == count:
+            break
+    taken += spare[: count - len(taken)]
+    images = []
+    for image, _ in taken:
         if imagenet:
             image = tf.cast(tf.round(tf.clip_by_value(data_lib.imagenet_resize_crop(image), 0, 255)), tf.uint8)
         images.append(image.numpy())
-        labels.append(int(label))
-    return np.stack(images), np.array(labels)
-
+    return np.stack(images), np.array([label for _, label in taken])

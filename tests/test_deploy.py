@@ -53,6 +53,22 @@ def test_litert_and_onnx_files_equal_the_keras_model_on_real_images(tmp_path, di
         assert json.loads(open(path + ".check.json").read()) == report
 
 
+def test_check_images_are_class_balanced_in_the_splits_order():
+    """Issue 45.3: the embedded test split is sorted by class, so its first
+    500 images were digits 0-4; a class with too few is topped up in order."""
+    import types
+
+    import tensorflow as tf
+
+    _, labels = deploy.images_of(data.load(data.EMBEDDED), "eval", 500, imagenet=False)
+    assert np.bincount(labels, minlength=10).tolist() == [50] * 10
+    stored = np.array([0, 0, 0, 0, 1, 2])
+    toy = types.SimpleNamespace(num_classes=3, test=tf.data.Dataset.from_tensor_slices(
+        (np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1), stored)))
+    images, labels = deploy.images_of(toy, "eval", 5, imagenet=False)
+    assert labels.tolist() == [0, 0, 1, 2, 0] and images[:, 0, 0, 0].tolist() == [0, 1, 4, 5, 2]
+
+
 def test_files_refuse_images_of_any_other_shape(tmp_path, digits):
     """Issue 45.2: LiteRT's signature runner resizes the input to what it is
     given; the file itself refuses another height, width, channel count, or
