@@ -217,3 +217,14 @@ def test_the_quantization_study_exports_every_final_run_five_ways_and_resumes(tm
     assert sorted(p.stat().st_mtime_ns for p in (model_dir / "exports").iterdir()) == stamps
     table = quantization.table(records)
     assert table.count("| Batch Normalization | 1 |") == 1 and "litert int8" in table and "—" not in table
+
+    # Killed while writing its last line (issue 45.7): the partial line is dropped with a warning and cut, and
+    # its file made again; a line without the study's fields is one error naming the file and line.
+    study_log = out / quantization.LOG
+    study_log.write_text(study_log.read_text()[:-40])
+    again = quantization.quantize_runs(str(out), check_images=32, calibration_images=8)
+    assert [r["variant"] for r in again] == [r["variant"] for r in records]
+    assert [json.loads(line)["variant"] for line in study_log.read_text().splitlines()] == list(sizes)
+    study_log.write_text(study_log.read_text() + '{"run": "x"}\n')
+    with pytest.raises(ValueError, match=r"quantization.jsonl, line 6: not a quantization record \(missing method"):
+        quantization.read_log(str(study_log))

@@ -1,5 +1,6 @@
 """runs.jsonl: one line of JSON per finished run, appended by the sweep (the
-one writer) as each result comes back."""
+one writer) as each result comes back; `read_jsonl` and `append` also keep
+the quantization study's log."""
 
 import json
 import os
@@ -11,18 +12,21 @@ LOG = "runs.jsonl"
 _REQUIRED = ("method", "depth", "lr", "seed", "status")
 
 
-def load(path, repair=False):
-    """The runs recorded in `path`, keyed by their ident.
+def read_jsonl(path, required, what, repair=False):
+    """The records of a JSON-lines log, each a dict with the keys `required`
+    (`what` names one in messages).
 
     A last line that does not parse as JSON is what a kill mid-write leaves:
     it is dropped with a warning (and, with `repair`, cut from the file so
-    that the next result starts on a line of its own), and its run runs
+    that the next record starts on a line of its own), and its work is done
     again. Any other bad line (one that does not parse before the last, or
-    JSON that is not a sweep result) is a one-line ValueError naming the
-    file and line; nothing is cut then."""
-    runs = {}
+    JSON without the required keys) is a one-line ValueError naming the file
+    and line; nothing is cut then."""
+    records = []
     if not os.path.exists(path):
-        return runs
+        return records
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file")
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
@@ -30,35 +34,45 @@ def load(path, repair=False):
     for number, raw in enumerate(lines, 1):
         if raw.strip():
             try:
-                run = json.loads(raw)
+                record = json.loads(raw)
             except ValueError as e:
                 if number - 1 != last:
-                    raise ValueError(f"{path}, line {number}: not a sweep result (not JSON: {e}); "
+                    raise ValueError(f"{path}, line {number}: not {what} (not JSON: {e}); "
                                      "mend or delete that line") from None
-                print(f"Warning: {path}, line {number} is incomplete (a sweep killed while writing it); "
-                      "dropped, its run runs again.", file=sys.stderr)
+                print(f"Warning: {path}, line {number} is incomplete (killed while writing it); "
+                      "dropped, its work is done again.", file=sys.stderr)
                 if repair:
                     with open(path, "r+b") as f:
                         f.truncate(offset)
                 break
-            missing = [k for k in _REQUIRED if not isinstance(run, dict) or k not in run]
-            try:
-                if missing:
-                    raise KeyError(", ".join(missing))
-                runs[protocol.run_ident(run)] = run
-            except (KeyError, TypeError) as e:
-                raise ValueError(f"{path}, line {number}: not a sweep result (missing {e}); "
-                                 "mend or delete that line") from None
+            missing = [k for k in required if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise ValueError(f"{path}, line {number}: not {what} (missing {', '.join(missing)}); "
+                                 "mend or delete that line")
+            records.append(record)
         offset += len(raw) + 1
+    return records
+
+
+def load(path, repair=False):
+    """The runs recorded in `path` (runs.jsonl, read by `read_jsonl`), keyed
+    by their ident; a dropped incomplete last line's run runs again."""
+    runs = {}
+    for number, run in enumerate(read_jsonl(path, _REQUIRED, "a sweep result", repair), 1):
+        try:
+            runs[protocol.run_ident(run)] = run
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}: record {number} is not a sweep result ({type(e).__name__}: {e}); "
+                             "mend or delete that line") from None
     return runs
 
 
-def append(path, run):
-    """One whole line per result: a single write, flushed to disk before the
-    sweep moves on (a kill leaves at most an incomplete last line)."""
+def append(path, record):
+    """One whole line per record: a single write, flushed to disk before the
+    writer moves on (a kill leaves at most an incomplete last line)."""
     from keras_skipinit import run_dir
 
     with open(path, "ab") as f:
-        f.write((json.dumps(run_dir.strict_json(run)) + "\n").encode())
+        f.write((json.dumps(run_dir.strict_json(record)) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())

@@ -37,11 +37,15 @@ def final_runs(out):
     return sorted(finals, key=lambda r: (r["method"], r["depth"], r["seed"]))
 
 
-def read_log(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+_FIELDS = ("run", "method", "seed", "variant", "status", "bytes", "keras_top1", "file_top1")
+
+
+def read_log(path, repair=False):
+    """quantization.jsonl's records (an incomplete last line, from a kill,
+    dropped: its file is made again; with `repair`, cut from the file)."""
+    from keras_skipinit.sweep import log
+
+    return log.read_jsonl(path, _FIELDS, "a quantization record", repair)
 
 
 def _run_key(run):
@@ -51,9 +55,10 @@ def _run_key(run):
 def quantize_runs(out, check_images=10000, calibration_images=200):
     """Exports and checks every file not yet in `out`/quantization.jsonl."""
     from keras_skipinit import data as data_lib, deploy, machine, run_dir, serving
+    from keras_skipinit.sweep import log
 
     path = os.path.join(out, LOG)
-    done = {(r["run"], r["variant"]) for r in read_log(path)}
+    done = {(r["run"], r["variant"]) for r in read_log(path, repair=True)}
     finals = final_runs(out)
     if not finals:
         raise ValueError(f"{out} has no completed final runs (runs.jsonl): run the sweep's preset first")
@@ -90,8 +95,7 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
                     **{k: report[k] for k in ("bytes", "images", "max_abs_diff", "top1_agreement",
                                               "keras_top1", "file_top1")},
                     "wall_time_s": round(time.time() - start, 1), "machine": machine.describe()}
-            with open(path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            log.append(path, line)
             print(f"{line['run']} {line['variant']}: top-1 {100 * line['file_top1']:.2f}% "
                   f"(Keras float {100 * line['keras_top1']:.2f}%), {line['bytes']:,} bytes, "
                   f"{line['wall_time_s']:.0f} s", flush=True)
