@@ -25,6 +25,7 @@ probability; a quantized export reports its accuracy beside the float model's
 instead. The optional packages: ``pip install -e ".[export]"``.
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -124,9 +125,19 @@ def _litert_bytes(saved_model, quantize, calibration):
         raise ValueError(f"LiteRT cannot express this model with built-in ops: {(ops or lines or [repr(e)])[0]}") from None
 
 
-def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None, labels=None, overwrite=False):
-    """Writes `model` as one `fmt` file at `path` (and `labels.txt` beside it
-    when `labels` are given). Nothing is replaced unless `overwrite`."""
+def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None, labels=None, overwrite=False,
+                check_on=None):
+    """Writes `model` as one `fmt` file at `path` (and its class names at
+    `labels_path(path)` when `labels` are given); returns `path`.
+
+    Everything is made in a staging folder beside `path` (same filesystem:
+    the final moves are renames, so a kill or a full disk leaves no partial
+    file at `path`). With `check_on` = (images, answers[, want]) the staged file
+    is checked (`check`) before it replaces anything: a float file beyond the
+    tolerance goes to `failed_path(path)` with its record, CheckFailed is
+    raised and `path` stays as it was. Nothing is replaced unless
+    `overwrite`; the moves hold a lock on the folder, so two exports to one
+    `path` cannot mix their files."""
     if fmt not in SUFFIXES:
         raise ValueError(f"format must be one of {sorted(SUFFIXES)}, got {fmt!r}")
     require(fmt)
@@ -136,10 +147,29 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
     if quantize == "int8" and (calibration is None or not len(calibration)):
         raise ValueError("--quantize=int8 needs calibration images (the run's training split)")
     check_output(path, fmt, overwrite)
-    folded = inference_model(model)
+    stage = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        staged = os.path.join(stage, os.path.basename(path))
+        _convert(model, fmt, staged, preprocessing, quantize, calibration, labels)
+        if labels:
+            write_labels(labels_path(staged), labels)
+        if check_on is not None:
+            try:
+                check(staged, model, *check_on[:2], preprocessing, quantize, *check_on[2:])
+            except CheckFailed as e:
+                _publish(staged, failed_path(path), overwrite=True)
+                raise CheckFailed(str(e).replace(staged, failed_path(path)), e.report) from None
+        _publish(staged, path, overwrite)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return path
+
+
+def _convert(model, fmt, staged, preprocessing, quantize, calibration, labels):
+    """The file's bytes, written (and synced) to `staged`."""
     tmp = tempfile.mkdtemp(prefix="keras_skipinit_export_")
     try:
-        serve, spec = _archive(folded, preprocessing, os.path.join(tmp, "saved_model"))
+        serve, spec = _archive(inference_model(model), preprocessing, os.path.join(tmp, "saved_model"))
         if fmt == "litert":
             blob = _litert_bytes(os.path.join(tmp, "saved_model"), quantize, calibration)
         else:
@@ -150,17 +180,36 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
                 entry = proto.metadata_props.add()
                 entry.key, entry.value = "labels", json.dumps(list(labels))
             blob = proto.SerializeToString()
-        staged = os.path.join(tmp, os.path.basename(path))
-        with open(staged, "wb") as f:
-            f.write(blob)
-        if fmt == "onnx" and quantize == "int8":
-            staged = _onnx_int8(staged, calibration)
-        shutil.move(staged, path)  # a rename where it can: no half-written file at `path`
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if labels:
-        write_labels(labels_path(path), labels)
-    return path
+    with open(staged, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    if fmt == "onnx" and quantize == "int8":
+        os.replace(_onnx_int8(staged, calibration), staged)
+
+
+def _publish(staged, path, overwrite):
+    """Moves a staged file, its check record and its class names to `path`
+    under an exclusive lock on the folder. The old record goes first, the
+    new one last: a kill between the moves leaves a file without a record,
+    never a record of another file."""
+    moves = [(staged + ".check.json", path + ".check.json"), (labels_path(staged), labels_path(path)),
+             (staged, path)]
+    moves = [(source, target) for source, target in moves if os.path.exists(source)]
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        taken = [target for _, target in moves if os.path.exists(target)]
+        if taken and not overwrite:
+            raise ValueError(f"{taken[0]} exists (written by another export meanwhile?); pass --overwrite to replace it")
+        if os.path.exists(path + ".check.json"):
+            os.remove(path + ".check.json")
+        for source, target in moves[1:] + moves[:1]:  # the file before its record
+            os.replace(source, target)
+    finally:
+        os.close(folder)  # releases the lock
 
 
 def _onnx_int8(path, calibration):
@@ -183,18 +232,37 @@ def _onnx_int8(path, calibration):
 
 
 def check_output(path, fmt, overwrite):
-    """Refuses a missing directory, a wrong suffix, or an existing file without `overwrite`."""
+    """Refuses a missing directory, a wrong suffix, or an existing file (or
+    its class names file) without `overwrite`."""
     directory = os.path.dirname(os.path.abspath(path))
     if not path.endswith(SUFFIXES[fmt]):
         raise ValueError(f"--output for --format={fmt} must end in {SUFFIXES[fmt]}, got {path}")
     if not os.path.isdir(directory):
         raise ValueError(f"--output's directory {directory} does not exist")
-    if os.path.exists(path) and not overwrite:
-        raise ValueError(f"{path} exists; pass --overwrite to replace it")
+    for target in (path, labels_path(path)):
+        if os.path.exists(target) and not overwrite:
+            raise ValueError(f"{target} exists; pass --overwrite to replace it")
+
+
+def _stem(path):
+    return os.path.splitext(os.path.abspath(path))[0]
 
 
 def labels_path(path):
-    return os.path.join(os.path.dirname(os.path.abspath(path)), "labels.txt")
+    """The class names of the file at `path`: m.tflite -> m.labels.txt (one
+    per exported file, so files in one folder do not share or replace one)."""
+    return _stem(path) + ".labels.txt"
+
+
+def read_check(path):
+    """The check record (`check`) of the file at `path`."""
+    with open(path + ".check.json") as f:
+        return json.load(f)
+
+
+def failed_path(path):
+    """Where a file that failed its check is kept: m.tflite -> m.check_failed.tflite."""
+    return _stem(path) + ".check_failed" + os.path.splitext(path)[1]
 
 
 def write_labels(path, labels):
@@ -245,7 +313,12 @@ def keras_probabilities(model, images, preprocessing, batch=64):
 
 
 class CheckFailed(ValueError):
-    """A float export whose outputs differ from the Keras model's beyond the tolerance."""
+    """A float export whose outputs differ from the Keras model's beyond the
+    tolerance; `report` is its check record."""
+
+    def __init__(self, message, report=None):
+        super().__init__(message)
+        self.report = report
 
 
 def check(path, model, images, labels, preprocessing, quantize=None, want=None):
@@ -269,8 +342,15 @@ def check(path, model, images, labels, preprocessing, quantize=None, want=None):
         json.dump(report, f, indent=1)
     if quantize is None and report["max_abs_diff"] > FLOAT_TOLERANCE:
         raise CheckFailed(f"{path}: probabilities differ from the Keras model's by {report['max_abs_diff']:.2e} "
-                          f"(tolerance {FLOAT_TOLERANCE:g}) on {len(images)} images; see {path}.check.json")
+                          f"(tolerance {FLOAT_TOLERANCE:g}) on {len(images)} images; see {path}.check.json", report)
     return report
+
+
+def check_images_fit(model, images, dataset_name):
+    """Refuses, before any conversion, check images of another shape than the model's input."""
+    if tuple(images.shape[1:]) != tuple(model.input_shape[1:]):
+        raise ValueError(f"{dataset_name}'s images are {'x'.join(map(str, images.shape[1:]))}, the model takes "
+                         f"{'x'.join(map(str, model.input_shape[1:]))}: pass --dataset with images of its size")
 
 
 def images_of(dataset, split, count, imagenet):

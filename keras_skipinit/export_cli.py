@@ -3,8 +3,9 @@ TensorFlow (SavedModels are TensorFlow graphs): started under another Keras
 backend, it runs itself again with KERAS_BACKEND=tensorflow.
 
 Exit status: 0 written and checked, 2 bad flags or input (nothing written),
-4 a written file failed its check against the Keras model (kept, with its
-.check.json, for inspection; nothing the user had is removed)."""
+4 a written file failed its check against the Keras model (kept beside
+--output as <name>.check_failed.<suffix> with its .check.json, for
+inspection; --output and anything the user had are left as they were)."""
 
 import os
 import sys
@@ -25,8 +26,9 @@ USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteR
 
 LiteRT and ONNX files take uint8 images [batch, H, W, C] and return
 probabilities [batch, classes]; each is run in its runtime on real images of
-the run's evaluation split and compared with the Keras model before the
-export reports success (<file>.check.json; labels.txt beside it).
+the run's evaluation split (class-balanced) and compared with the Keras
+model before it is put at --output (<file>.check.json; class names in
+<name>.labels.txt beside it).
 
 --source is a train.py model_dir (its newest state: the newest checkpoint,
 else model.keras) or a .keras file (train.py records the preprocessing
@@ -142,16 +144,18 @@ def _export_file(model, preprocessing, source, labels):
     dataset = _data()
     imagenet = preprocessing == "imagenet"
     images, answers = deploy.images_of(dataset, "eval", F.check_images, imagenet)
+    deploy.check_images_fit(model, images, dataset.name)
     calibration = None
     if F.quantize == "int8":
         calibration, _ = deploy.images_of(dataset, "train", F.calibration_images, imagenet)
-    path = deploy.export_file(model, F.format, F.output, preprocessing, quantize=F.quantize,
-                              calibration=calibration, labels=labels, overwrite=F.overwrite)
     try:
-        report = deploy.check(path, model, images, answers, preprocessing, F.quantize)
+        path = deploy.export_file(model, F.format, F.output, preprocessing, quantize=F.quantize,
+                                  calibration=calibration, labels=labels, overwrite=F.overwrite,
+                                  check_on=(images, answers))
     except deploy.CheckFailed as e:
         print(f"{_cli.program('export')}: check failed: {e}", file=sys.stderr)
         return 4
+    report = deploy.read_check(path)
     accuracy = (f"; top-1 {100 * report['file_top1']:.2f}% (Keras float {100 * report['keras_top1']:.2f}%)"
                 if "file_top1" in report else "")
     print(f"Exported {source} to {path} ({report['bytes']:,} bytes, {F.quantize or 'float32'}). Checked on "

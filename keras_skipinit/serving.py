@@ -26,6 +26,7 @@ inexact at image borders. BNs before a ReLU (pre-activation) are kept.
 import os
 import re
 import shutil
+import tempfile
 
 import keras
 import numpy as np
@@ -247,25 +248,48 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ValueError(f"version must be a positive integer, got {version!r}.")
     path = os.path.join(model_base, str(version))
-    if os.path.exists(path):
-        if not overwrite:
-            raise ValueError(f"version {version} already exists at {path}; pass overwrite=True (--overwrite) to replace it.")
-        shutil.rmtree(path)
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"version {version} already exists at {path}; pass overwrite=True (--overwrite) to replace it.")
     served = fold(model) if fold_layers else model
     archive = keras.export.ExportArchive()
     archive.track(served)
     (serve_images, image_spec), (serve_bytes, bytes_spec) = _serving_functions(served, preprocessing, top_k, labels)
     archive.add_endpoint("serving_default", serve_images, input_signature=image_spec)
     archive.add_endpoint("predict_image_bytes", serve_bytes, input_signature=bytes_spec)
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    archive.write_out(tmp, verbose=False)
-    os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-    with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
-        for record in _warmup_records(served, preprocessing, model_name):
-            writer.write(record)
-    os.replace(tmp, path)  # a version directory appears complete or not at all
+    # Built beside the version (a name TF Serving ignores, one per export), then moved in: a version
+    # directory appears complete or not at all, and one being replaced is served until the new one is whole.
+    os.makedirs(model_base, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=model_base)
+    try:
+        archive.write_out(tmp, verbose=False)
+        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+        with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
+            for record in _warmup_records(served, preprocessing, model_name):
+                writer.write(record)
+        _swap_in(tmp, path, overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _swap_in(tmp, path, overwrite):
+    """Renames `tmp` to `path`; an old `path` (with `overwrite`) is renamed
+    aside first and removed after, so TF Serving loses the version for the
+    time between two renames only. Refuses a `path` that appeared meanwhile
+    (another export) without `overwrite`."""
+    if not os.path.exists(path):
+        try:
+            os.rename(tmp, path)  # fails if another export made `path` meanwhile (a non-empty directory)
+            return
+        except OSError:
+            if not overwrite:
+                raise ValueError(f"{path} was written by another export meanwhile; pass --overwrite to replace it") from None
+    if not overwrite:
+        raise ValueError(f"{path} was written by another export meanwhile; pass --overwrite to replace it")
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path))
+    os.replace(path, os.path.join(old, "version"))
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_target(base_path, model_name):

@@ -87,15 +87,46 @@ def test_files_refuse_images_of_any_other_shape(tmp_path, digits):
                 pytest.fail(f"{fmt} answered images of shape {shape}")
 
 
-def test_a_file_that_disagrees_with_the_model_fails_its_check_and_is_kept(tmp_path, digits):
+def test_a_file_is_checked_before_it_replaces_anything_and_nothing_half_made_is_left(tmp_path, digits,
+                                                                                     monkeypatch):
+    """Issue 45.4: a file that fails its check goes beside --output
+    (m.check_failed.tflite, with its record), never over a good one; a
+    conversion that dies leaves --output as it was; a file that appeared
+    meanwhile (another export) is not replaced without overwrite."""
     _require_export()
     images, labels = digits
+    path = str(tmp_path / "m.tflite")
     model = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=1))
-    path = deploy.export_file(model, "litert", str(tmp_path / "m.tflite"), "standardize")
+    deploy.export_file(model, "litert", path, "standardize", labels=list("0123456789"), check_on=(images, labels))
+    good = open(path, "rb").read(), deploy.read_check(path)
+    assert sorted(os.listdir(tmp_path)) == ["m.labels.txt", "m.tflite", "m.tflite.check.json"]
+
     other = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=2))
-    with pytest.raises(deploy.CheckFailed, match="differ from the Keras model"):
-        deploy.check(path, other, images, labels, "standardize")
-    assert os.path.exists(path) and os.path.exists(path + ".check.json")
+    want = deploy.keras_probabilities(other, images, "standardize")
+    with pytest.raises(deploy.CheckFailed, match="m.check_failed.tflite: probabilities differ from the Keras"):
+        deploy.export_file(model, "litert", path, "standardize", overwrite=True, check_on=(images, labels, want))
+    assert (open(path, "rb").read(), deploy.read_check(path)) == good
+    assert deploy.read_check(deploy.failed_path(path))["max_abs_diff"] > deploy.FLOAT_TOLERANCE
+
+    def dies(model, fmt, staged, *args):
+        open(staged, "wb").write(b"half a flatbuffer")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploy, "_convert", dies)
+    with pytest.raises(KeyboardInterrupt):
+        deploy.export_file(model, "litert", path, "standardize", overwrite=True)
+    assert (open(path, "rb").read(), deploy.read_check(path)) == good
+
+    def another_export_meanwhile(model, fmt, staged, *args):
+        open(str(tmp_path / "n.tflite"), "wb").write(b"theirs")
+        open(staged, "wb").write(b"mine")
+
+    monkeypatch.setattr(deploy, "_convert", another_export_meanwhile)
+    with pytest.raises(ValueError, match="n.tflite exists .written by another export meanwhile"):
+        deploy.export_file(model, "litert", str(tmp_path / "n.tflite"), "standardize")
+    assert open(str(tmp_path / "n.tflite"), "rb").read() == b"theirs"
+    assert sorted(os.listdir(tmp_path)) == ["m.check_failed.tflite", "m.check_failed.tflite.check.json",
+                                            "m.labels.txt", "m.tflite", "m.tflite.check.json", "n.tflite"]
 
 
 def run_export(*flags):
@@ -123,6 +154,7 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
     outs = [tmp_path / f"{fmt}_{quantize}" / f"m{deploy.SUFFIXES[fmt]}" for fmt, quantize in variants]
     for out in outs:
         out.parent.mkdir()
+        (out.parent / "labels.txt").write_text("mine\n")
     cases = [[f"--source={trained_run}", f"--format={fmt}", f"--quantize={quantize}", f"--output={out}",
               "--check_images=100", "--calibration_images=20"] for (fmt, quantize), out in zip(variants, outs)]
     for (fmt, quantize), out, (status, stdout, err) in zip(variants, outs, run_cli_cases("export", cases, ROOT)):
@@ -130,8 +162,10 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
         report = json.loads(out.with_name(out.name + ".check.json").read_text())
         assert report["quantize"] == quantize and report["tolerance"] is None and report["images"] == 100
         assert abs(report["file_top1"] - report["keras_top1"]) < 0.1 and "top-1" in stdout
-        assert (out.parent / "labels.txt").read_text().split() == [str(d) for d in range(10)]
-        assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".check.json", "labels.txt"])
+        assert (out.parent / "m.labels.txt").read_text().split() == [str(d) for d in range(10)]
+        assert (out.parent / "labels.txt").read_text() == "mine\n"  # a user's file of that name: untouched
+        assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".check.json", "m.labels.txt",
+                                                         "labels.txt"])
         sizes[fmt, quantize] = out.stat().st_size
     assert sizes["litert", "int8"] < 0.7 * sizes["litert", "float16"]
 
@@ -146,18 +180,23 @@ BAD_REQUESTS = [
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
     (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path is for --format=saved_model"),
     (["--format=litert", "--output=X/m.tflite", "--labels=X/three.txt"], "names 3 classes, the model has 10"),
+    # A model of another input size than the check images: refused before the conversion (issue 45.4).
+    (["--source=W", "--format=litert", "--output=X/m.tflite", "--dataset=mnist_embedded", "--preprocessing=standardize"],
+     "mnist_embedded's images are 28x28x1, the model takes 16x16x3"),
 ]
 
 
 def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, trained_run):
     _require_export()
+    wide = str(tmp_path / "wide.keras")
+    apps.WideResNet(10, 1, input_shape=(16, 16, 3), classes=10, seed=0).save(wide)
     folders = []
     for i in range(len(BAD_REQUESTS)):
         folders.append(tmp_path / str(i))
         folders[-1].mkdir()
         (folders[-1] / "exists.tflite").write_bytes(b"mine")
         (folders[-1] / "three.txt").write_text("a\nb\nc\n")
-    cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)) for f in flags]]
+    cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)).replace("=W", f"={wide}") for f in flags]]
              for folder, (flags, _) in zip(folders, BAD_REQUESTS)]
     for folder, (flags, match), (status, _, err) in zip(folders, BAD_REQUESTS, run_cli_cases("export", cases, ROOT)):
         assert status == 2 and "Traceback" not in err, (flags, err[-2000:])

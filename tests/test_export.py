@@ -84,6 +84,23 @@ def test_layout_versions_and_overwrite(exported, tmp_path):
         serving.export(model, str(base), "bad/name")
 
 
+def test_an_export_killed_while_overwriting_leaves_the_old_version_served(exported, tmp_path, monkeypatch):
+    """Issue 45.4: the new version is built beside the old one and swapped in;
+    a failure (or kill) while building leaves the old version whole."""
+    _, _, model, _, _ = exported
+    base = tmp_path / "serving"
+    path = serving.export(model, str(base), "wrn", version=1)
+    before = sorted(os.listdir(path))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serving, "_warmup_records", killed)
+    with pytest.raises(KeyboardInterrupt):
+        serving.export(model, str(base), "wrn", version=1, overwrite=True)
+    assert sorted(os.listdir(path)) == before and os.listdir(base / "wrn") == ["1"]
+
+
 def test_warmup_requests(exported):
     from tensorflow_serving.apis import prediction_log_pb2
 

@@ -12,7 +12,6 @@ the table (mean and std over seeds). The files go to each run's
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -82,13 +81,13 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         for fmt, quantize in todo:
             start = time.time()
             file = os.path.join(model_dir, "exports", f"model_{quantize or 'float32'}{deploy.SUFFIXES[fmt]}")
-            deploy.export_file(model, fmt, file, preprocessing, quantize=quantize,
-                               calibration=calibration if quantize == "int8" else None, overwrite=True)
             try:
-                report, status = deploy.check(file, model, images, labels, preprocessing, quantize, want), "checked"
-            except deploy.CheckFailed:  # a float file beyond the tolerance: recorded, not hidden
-                with open(file + ".check.json") as f:
-                    report, status = json.load(f), "check_failed"
+                deploy.export_file(model, fmt, file, preprocessing, quantize=quantize, overwrite=True,
+                                   calibration=calibration if quantize == "int8" else None,
+                                   check_on=(images, labels, want))
+                report, status = deploy.read_check(file), "checked"
+            except deploy.CheckFailed as e:  # a float file beyond the tolerance: recorded, not hidden
+                report, status = e.report, "check_failed"
             line = {"run": _run_key(run), "method": run["method"], "depth": run["depth"], "seed": run["seed"],
                     "lr": run["lr"], "variant": variant_name(fmt, quantize), "format": fmt,
                     "quantize": quantize or "float32", "status": status, "split": split,
