@@ -14,6 +14,7 @@
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -26,6 +27,7 @@ import tempfile
 import zipfile
 
 import keras
+import numpy as np
 
 from keras_skipinit import applications
 
@@ -39,9 +41,13 @@ KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
 PREPROCESSINGS = ("standardize", "imagenet")
 
 
-def _one_line(error):
+def one_line(error):
+    """An exception as one line of at most ~300 characters: its first line,
+    the middle cut out where it is longer (its end often says why: a long
+    path, then "No space left on device")."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {line if len(line) <= 300 else line[:150] + ' ... ' + line[-145:]}"
 
 
 def read_json(path):
@@ -50,15 +56,39 @@ def read_json(path):
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {_one_line(e)}") from None
+        raise ValueError(f"cannot read {path}: {one_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path):
+    """Removes `path` (a temporary file or directory) if the block fails:
+    a full disk leaves nothing half-written behind."""
+    try:
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else (
+            os.path.exists(path) and os.remove(path))
+        raise
+
+
+def check_space(directory, variables, what):
+    """Raises OSError(ENOSPC) when `directory`'s filesystem has less room
+    than `variables` take (plus a margin for the file's own structure):
+    before h5py starts a file it then cannot finish (its half-open file
+    crashes the process at exit)."""
+    need = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables) * 1.1 + (1 << 20)
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise OSError(errno.ENOSPC, f"No space left on device: {what} needs about {need / 2**20:.1f} MiB, "
+                                    f"{free / 2**20:.1f} MiB free", directory)
 
 
 def write_json(path, value):
     """Written to a temporary file and renamed: complete or not there."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+    with _removed_on_failure(f"{path}.tmp") as tmp:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=2, allow_nan=False)
+        os.replace(tmp, path)
 
 
 def strict_json(value):
@@ -205,9 +235,10 @@ def write_history(model_dir, rows):
     header = list(dict.fromkeys(k for row in rows for k in row))
     lines = [",".join(header)] + [",".join(cell(row.get(k)) for k in header) for row in rows]
     path = os.path.join(model_dir, HISTORY)
-    with open(f"{path}.tmp", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(f"{path}.tmp", path)
+    with _removed_on_failure(f"{path}.tmp") as tmp:
+        with open(tmp, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
 
 
 def read_history(model_dir):
@@ -283,14 +314,15 @@ class Checkpoint:
         state.json beside the weights."""
         out = self.write_directory
         os.makedirs(out, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix="tmp-", dir=out)
-        model.save_weights(os.path.join(tmp, self.WEIGHTS))
-        write_json(os.path.join(tmp, self.STATE),
-                   strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
-        final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
-        if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        check_space(out, model.weights + (model.optimizer.variables if model.optimizer else []), "a checkpoint")
+        with _removed_on_failure(tempfile.mkdtemp(prefix="tmp-", dir=out)) as tmp:
+            model.save_weights(os.path.join(tmp, self.WEIGHTS))
+            write_json(os.path.join(tmp, self.STATE),
+                       strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
+            final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
+            if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
         for _, _, old in self._list(out)[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -313,7 +345,7 @@ class Checkpoint:
                 state = read_json(os.path.join(path, self.STATE))
                 model.load_weights(os.path.join(path, self.WEIGHTS))
             except (OSError, ValueError, KeyError) as e:
-                failures.append(f"{path} ({_one_line(e)})")
+                failures.append(f"{path} ({one_line(e)})")
                 continue
             if failures:
                 print(f"Warning: unreadable checkpoint {failures[-1]}; restored {path} instead.", file=sys.stderr)
@@ -332,11 +364,12 @@ def save_model(model, path, preprocessing):
     inside the .keras zip (`keras_skipinit.json`), so export never guesses."""
     if preprocessing not in PREPROCESSINGS:
         raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}")
-    tmp = path + ".tmp.keras"
-    model.save(tmp)
-    with zipfile.ZipFile(tmp, "a") as archive:
-        archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing}))
-    os.replace(tmp, path)
+    check_space(os.path.dirname(os.path.abspath(path)), model.weights, os.path.basename(path))
+    with _removed_on_failure(path + ".tmp.keras") as tmp:
+        model.save(tmp)
+        with zipfile.ZipFile(tmp, "a") as archive:
+            archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing}))
+        os.replace(tmp, path)
 
 
 def keras_metadata(path):
@@ -357,7 +390,7 @@ def load_keras(path):
     try:
         return keras.models.load_model(path, compile=False)
     except Exception as e:  # corrupt or foreign files: one line, not a traceback
-        raise ValueError(f"cannot load {path} as a Keras model: {_one_line(e)}") from None
+        raise ValueError(f"cannot load {path} as a Keras model: {one_line(e)}") from None
 
 
 def newest_model(model_dir):

@@ -267,6 +267,8 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
             for record in _warmup_records(served, preprocessing, model_name):
                 writer.write(record)
         _swap_in(tmp, path, overwrite)
+    except (OSError, tf.errors.OpError) as e:  # a full disk, a filesystem gone read-only: one line
+        raise ValueError(f"cannot write the SavedModel {path}: {run_dir.one_line(e)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -1,7 +1,9 @@
 """Command line of train.py and keras-skipinit-train (TensorFlow or JAX backend).
 
 Exit status: 0 done, 2 bad flags or data, 3 the run diverged, 4 training
-finished but --export_dir failed (results.json is written either way).
+finished but --export_dir failed (results.json is written either way), 5 the
+run's files could not be written (a full disk; it resumes from its last
+checkpoint).
 """
 
 import os
@@ -146,6 +148,10 @@ def main(argv):
     except ValueError as e:
         print(f"{_cli.program('train.py')}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a filesystem gone read-only: files are renamed into place, none half-made
+        print(f"{_cli.program('train.py')}: error: cannot write the run: {run_dir.one_line(e)}. Nothing half-written "
+              "is kept; run the same command to resume from its last checkpoint once it can write", file=sys.stderr)
+        return 5
     results_path = os.path.join(config.model_dir, run_dir.RESULTS)
     if not results["chief"]:
         print(f"Worker done ({results['status']}); the chief writes {config.model_dir}.")

@@ -276,6 +276,34 @@ def test_console_commands_resolve_and_run_help(command, module):
     assert not [line for line in proc.stderr.splitlines() if _startup.is_noise(line)], proc.stderr[-2000:]
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 200 KiB filesystem (tmpfs; mounting needs root, as CI runs)."""
+    path = tmp_path / "full"
+    path.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        pytest.skip(f"a full disk needs a small filesystem: `mount -t tmpfs` failed ({proc.stderr.strip()[:120]}); "
+                    "run the tests as root")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_disk, capsys):
+    """Issue 45.5: a model_dir on a full disk: one line, exit 5, no partial
+    checkpoint; --export_dir on a full disk: exit 4, results kept, no
+    half-written version."""
+    assert train_py_in_process(*QUICK, f"--model_dir={full_disk / 'run'}") == 5
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "run the same command to resume" in err
+    assert os.listdir(full_disk / "run" / "checkpoint") == []
+    assert train_py_in_process(*QUICK, f"--model_dir={tmp_path / 'run'}", f"--export_dir={full_disk / 'serving'}") == 4
+    assert "No space left on device" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / run_dir.RESULTS).read_text())["status"] == "completed"
+    assert os.listdir(full_disk / "serving" / "run") == []
+
+
 def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_path, capsys):
     from keras_skipinit import serving
 
