@@ -428,24 +428,31 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
     assert (tmp_path / "sweep.png").stat().st_size > 10000
 
 
-@pytest.mark.parametrize("other", [["--train_examples=200"], ["--preset=fixup_fig3", "--depths=10"]])
-def test_a_sweep_into_an_out_of_another_experiment_is_refused(tmp_path, monkeypatch, capsys, other):
-    """Issue 32.2: another preset, or other training settings, into an --out
-    that holds a sweep's runs: one line naming what differs, nothing run,
-    nothing mixed in a report."""
+@pytest.mark.parametrize("other,refusal", [
+    (["--train_examples=200"], "holds runs of another experiment"),
+    (["--preset=fixup_fig3", "--depths=10"], "holds runs of another experiment"),
+    (["--batch_size=16", "--runs_dir=OTHER"], "batch_size 32 there, 16 here"),  # issue 45.6
+    (["--protocol=table1"], "holds a --protocol=depth sweep"),  # issue 45.6
+])
+def test_a_sweep_into_an_out_of_another_experiment_is_refused(tmp_path, monkeypatch, capsys, other, refusal):
+    """Issue 32.2: another preset, other training settings (the batch size
+    too, with another --runs_dir), or another protocol, into an --out that
+    holds a sweep's runs: one line naming what differs, nothing run, nothing
+    in the --out rewritten."""
     calls = []
     fake_training(monkeypatch, fake_train(calls))
     first = ["--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1", "--protocol=depth",
              f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
     sweep.main(first)
-    log = (tmp_path / "runs.jsonl").read_text()
+    files = {name: (tmp_path / name).read_bytes() for name in ("runs.jsonl", "table.md", "summary.json")}
+    other = [flag.replace("OTHER", str(tmp_path / "other")) for flag in other]
     for extra in ([], ["--report_only"]):
         with pytest.raises(SystemExit) as exit_info:
             sweep.main([*first, *other, *extra])
         assert exit_info.value.code == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
-        assert "holds runs of another experiment" in line
-    assert len(calls) == 1 and (tmp_path / "runs.jsonl").read_text() == log
+        assert refusal in line
+    assert len(calls) == 1 and {name: (tmp_path / name).read_bytes() for name in files} == files
 
 
 def test_unwritable_out_and_runs_dir_are_one_line_errors_before_any_run(tmp_path, monkeypatch, capsys):

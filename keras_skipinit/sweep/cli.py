@@ -135,6 +135,7 @@ def main(argv=None):
             path = os.path.join(args.out, log.LOG)
             done = log.load(path)
             runner.check_same_experiment(args, done, path)
+            runner.check_protocol(args, done, args.out)
             runs = list(done.values())
             if not runs:
                 raise ValueError(f"no runs in {args.out} (no {os.path.join(args.out, 'runs.jsonl')} with results): "

@@ -5,6 +5,7 @@ back (one writer) before asking again."""
 import dataclasses
 import math
 import os
+import re
 import time
 
 from keras_skipinit import executors
@@ -59,9 +60,45 @@ def check_same_experiment(settings, done, path):
         wanted = dataclasses.asdict(config(settings, run_id))
         differ = [f"{k} {recorded[k]!r} there, {wanted[k]!r} here" for k in _EXPERIMENT
                   if k in recorded and recorded[k] != wanted[k]]
+        if settings.protocol != "batch_scaling" and run_id[2] != settings.batch_size:  # a cell's axis only there
+            differ.append(f"batch_size {run_id[2]!r} there, {settings.batch_size!r} here")
         if differ:
             raise ValueError(f"{path} holds runs of another experiment ({'; '.join(differ)}; run "
                              f"{run_label(run_id, settings)}): give this sweep an --out of its own, or the other one's flags")
+
+
+MARKER = "sweep.json"  # in --out: the protocol whose tables and figures the folder holds
+
+
+def check_protocol(settings, done, out):
+    """Refuses a --protocol other than the one whose runs `out` holds
+    (its sweep.json; in folders from before it, what the runs show: final
+    runs come from a protocol that chooses the rate, run directories named
+    by batch from batch_scaling), before anything in `out` is rewritten."""
+    from keras_skipinit import run_dir
+
+    path = os.path.join(out, MARKER)
+    if os.path.exists(path):
+        recorded = run_dir.read_json(path).get("protocol")
+        if recorded != settings.protocol:
+            raise ValueError(f"{out} holds a --protocol={recorded} sweep ({path}), not --protocol={settings.protocol}: "
+                             "give this sweep an --out of its own, or that protocol")
+        return
+    finals = [run for run in done if run[5] == protocol.FINAL]
+    by_batch = [run for run in done.values()
+                if re.search(r"_b\d+_lr", ((run.get("results") or {}).get("config") or {}).get("model_dir", ""))]
+    shown = "batch_scaling" if by_batch else "converged" if finals else None  # else table1, depth or undecided
+    if shown and shown != settings.protocol:
+        raise ValueError(f"{out} holds the runs of a --protocol={shown} sweep, not --protocol={settings.protocol}: "
+                         "give this sweep an --out of its own, or that protocol")
+
+
+def mark_protocol(settings, out):
+    from keras_skipinit import run_dir
+
+    path = os.path.join(out, MARKER)
+    if not os.path.exists(path):
+        run_dir.write_json(path, {"protocol": settings.protocol, "model": settings.model})
 
 
 def check_cells(settings):
@@ -124,7 +161,9 @@ def run_sweep(settings):
         raise ValueError(f"{path} holds runs of --model={others[0]}, not --model={settings.model}: "
                          "give this sweep an --out of its own")
     check_same_experiment(settings, done, path)
+    check_protocol(settings, done, settings.out)
     check_cells(settings)
+    mark_protocol(settings, settings.out)
     executor = executor_for(settings)
     cells = set(protocol.cells(settings))
     done_before = sum(run_id[:3] in cells for run_id in done)
