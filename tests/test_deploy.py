@@ -108,6 +108,22 @@ def test_a_file_is_checked_before_it_replaces_anything_and_nothing_half_made_is_
     assert (open(path, "rb").read(), deploy.read_check(path)) == good
     assert deploy.read_check(deploy.failed_path(path))["max_abs_diff"] > deploy.FLOAT_TOLERANCE
 
+    replace = os.replace
+
+    def killed_before_the_record(source, target):  # the new file moved in, its record not yet
+        if target.endswith(".check.json"):
+            raise KeyboardInterrupt
+        replace(source, target)
+
+    monkeypatch.setattr(deploy.os, "replace", killed_before_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        deploy.export_file(model, "litert", path, "standardize", overwrite=True, check_on=(images, labels))
+    monkeypatch.undo()
+    assert not os.path.exists(path + ".check.json")  # a file without its record, never the old file's record
+    deploy.export_file(model, "litert", path, "standardize", overwrite=True, labels=list("0123456789"),
+                       check_on=(images, labels))
+    assert (open(path, "rb").read(), deploy.read_check(path)) == good
+
     def dies(model, fmt, staged, *args):
         open(staged, "wb").write(b"half a flatbuffer")
         raise KeyboardInterrupt
