@@ -136,6 +136,42 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
     assert (tmp_path / "sweep.png").stat().st_size > 5000
 
 
+def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, monkeypatch):
+    """Issue 42.1: per cell, octaves up from the largest rate that trained
+    until one fails, down while none trained (to 2^-10); 2 of 3 seeds must
+    train (finite loss, above chance). The search resumes without reruns."""
+    edges = {"skipinit": -4, "batchnorm": 1, "sqrt2": None}  # from 2^(edge + 1) on, seed 0 only trains
+    calls = []
+
+    def train(config):
+        key = "sqrt2" if config.normalization == "sqrt2" else config.normalization
+        k, edge = round(math.log2(config.learning_rate)), edges[key]
+        calls.append((key, k, config.seed))
+        trains = edge is not None and (k <= edge or (k == edge + 1 and config.seed == 0))
+        diverged = edge is not None and k > edge + 1
+        return {"status": "diverged" if diverged else "completed", "test_top1": None if diverged else
+                (0.8 if trains else 0.1), "train_cross_entropy": 0.5, "wall_time_s": 1.0, "chief": True,
+                "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    args = ["--protocol=edge", "--depths=10", "--methods=skipinit,batchnorm,sqrt2", "--log2_lrs=-3", "--seeds=3",
+            "--best_k=2", "--centre_log2_lrs=skipinit=-4,batchnorm=0,sqrt2=-9", f"--out={tmp_path}"]
+    sweep.main(args)
+    tried = {key: sorted({k for m, k, _ in calls if m == key}) for key in edges}
+    assert tried == {"skipinit": [-5, -4, -3], "batchnorm": [-1, 0, 1, 2], "sqrt2": [-10, -9, -8]}
+    assert len(calls) == 3 * 10
+    table = (tmp_path / "table.md").read_text()
+    assert "| SkipInit (alpha = 0) | 2^-4 (3/3 trained; 2^-3: 1/3) |" in table
+    assert "| Batch Normalization | 2^1 (3/3 trained; 2^2: 1/3) |" in table
+    assert "| Divide residual block by sqrt(2) | none >= 2^-10 |" in table
+    cells = json.loads((tmp_path / "summary.json").read_text())["cells"]
+    assert cells["skipinit/depth10"]["edge_log2"] == -4 and cells["sqrt2/depth10"]["edge_log2"] is None
+    assert (tmp_path / "sweep.png").stat().st_size > 5000
+    calls.clear()
+    sweep.main(args)
+    assert calls == []
+
+
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
     args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
             "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}",

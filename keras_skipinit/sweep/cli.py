@@ -33,9 +33,10 @@ def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
-    parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling"),
+    parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE),
                         default="table1", help="converged: choose each cell's lr on --validation_examples, then "
-                        "--final_seeds runs; batch_scaling: the same over --batch_sizes")
+                        "--final_seeds runs; batch_scaling: the same over --batch_sizes; edge: each cell's largest "
+                        "log2 rate where --best_k of --seeds runs train, searched an octave at a time")
     parser.add_argument("--model", choices=MODELS, default="wrn",
                         help="architecture (train.py's --model); one model per --out")
     parser.add_argument("--depths", type=_ints, default=[16, 100])
@@ -114,8 +115,9 @@ def parse_args(argv=None):
         parser.error("--cpus_per_run must be > 0 (0 would start every run at once) and --gpus_per_run >= 0")
     if args.max_retries < 0:
         parser.error("--max_retries must be >= 0 (Ray reads -1 as retrying forever)")
-    if args.extend_grid and any(abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
-        parser.error("--extend_grid needs a log2 grid (--log2_lrs)")
+    if (args.extend_grid or args.protocol == protocol.EDGE) and any(
+            abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
+        parser.error("--extend_grid and --protocol=edge need a log2 grid (--log2_lrs)")
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
     if args.executor != "sequential":  # Ray workers may run elsewhere: on storage every node reads, by absolute path
         args.runs_dir = os.path.abspath(args.runs_dir)

@@ -42,6 +42,22 @@ def skipinit_table1():
                 batch_size=64, train_examples=9600, **_FASHION)
 
 
+def stability_edge():
+    """Issue 42, item 1: the stability edge against depth. For WRN-16, -100
+    and -1000-1 (looped blocks), the largest log2 learning rate at which 2
+    of 3 seeds train (finite loss, above chance) in skipinit_table1's short
+    run (150 updates at batch 64, 9,600 Fashion-MNIST images), searched an
+    octave at a time from the octaves given per method. Runs of the
+    skipinit_table1 sweep count (same settings; copy its runs.jsonl lines).
+
+        python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge
+
+    Budget and results: docs/stability_edge/README.md."""
+    return {**skipinit_table1(), "protocol": "edge", "depths": [16, 100, 1000],
+            "methods": ["batchnorm", "skipinit", "fixup", "sqrt2"], "extend_grid": False, "loop_blocks": True,
+            "log2_lrs": [-3], "centre_log2_lrs": dict(batchnorm=0, skipinit=-4, fixup=-3, sqrt2=-5)}
+
+
 def fixup_fig3():
     """Fixup §4.1 Fig. 3: one epoch at lr 0.1 against depth (WRN-16/52/100-1,
     32,000 Fashion-MNIST images), 3 seeds, six methods.
@@ -167,6 +183,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch, table1_converged_epochs,
-    table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10,
+    skipinit_table1, stability_edge, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch,
+    table1_converged_epochs, table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10,
     quantization_fashion_mnist)}

@@ -15,6 +15,7 @@ import numpy as np
 SELECT, FINAL = "select", "final"
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds
+EDGE = "edge"  # the largest rate that trains, per cell
 
 
 def lr_key(lr):
@@ -103,6 +104,23 @@ def next_log2_lr(best, rows):
     return None
 
 
+def stability_edge(rows):
+    """A cell's stability edge and the rate that brackets it next (issue 42):
+    (edge, next) as log2 rates. `rows` are `summarize`'s with best_k = k, so
+    a rate trained when at least k of its seeds beat chance without
+    diverging. The edge is the largest rate that trained; the search goes one
+    octave above it until a rate fails, or, while none trained, one octave
+    below the smallest tried, within the paper's 2^-10 .. 2^2 (next None:
+    bracketed, or at a bound)."""
+    low, high = PAPER_LOG2_RANGE
+    tried = sorted(round(math.log2(r["lr"])) for r in rows)
+    trained = [round(math.log2(r["lr"])) for r in rows if r["mean"] is not None]
+    if not trained:
+        return None, (tried[0] - 1 if tried and tried[0] > low else None)
+    edge = max(trained)
+    return edge, (edge + 1 if edge + 1 not in tried and edge < high else None)
+
+
 def base_lrs(settings, key, batch):
     """A cell's first grid: --lrs, or the octaves either side of the method's
     --centre_log2_lrs entry, which is for --batch_size: a cell of batch size
@@ -129,11 +147,15 @@ def cell_pending(settings, done, cell):
     base = base_lrs(settings, key, batch)
     keyed = {lr_key(lr) for lr in base}
     selection = in_cell(done.values(), cell, SELECT)
-    added = sorted({r["lr"] for r in selection if lr_key(r["lr"]) not in keyed}) if settings.extend_grid else []
+    searching = settings.extend_grid or settings.protocol == EDGE
+    added = sorted({r["lr"] for r in selection if lr_key(r["lr"]) not in keyed}) if searching else []
     todo = missing(base + added, settings.seeds)
     if todo:
         return todo
     best, rows = summarize(selection, settings.best_k, settings.chance)
+    if settings.protocol == EDGE:
+        step = stability_edge(rows)[1]
+        return missing([2.0**step], settings.seeds) if step is not None else []
     if settings.extend_grid:
         step = next_log2_lr(best, rows)
         if step is not None:

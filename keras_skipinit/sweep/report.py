@@ -10,7 +10,8 @@ import numpy as np
 from keras_skipinit import run_dir
 from keras_skipinit.applications import registry
 from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
-from keras_skipinit.sweep.protocol import FINAL, SELECT, grid_edge, in_cell, lr_label, run_ident, summarize
+from keras_skipinit.sweep.protocol import (EDGE, FINAL, PAPER_LOG2_RANGE, SELECT, grid_edge, in_cell, lr_label, run_ident,
+                                           stability_edge, summarize)
 
 
 def protocol_batch(run):
@@ -84,6 +85,36 @@ def depth_table(runs, args):
         lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines), details
 
+
+
+def edge_table(runs, args):
+    """The stability edge per method and depth (issue 42): the largest log2
+    rate where best_k of n seeds trained, the count there and one octave
+    above it, and every rate tried."""
+    lines = ["| method | " + " | ".join(f"depth {d}" for d in args.depths) + " |", "|---|" + "---|" * len(args.depths)]
+    details = {}
+    for key in args.methods:
+        cells = []
+        for depth in args.depths:
+            subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
+            if not subset:
+                cells.append(NOT_RUN)
+                continue
+            _, rows = summarize(subset, args.best_k, args.chance)
+            edge, step = stability_edge(rows)
+            trained = {round(math.log2(r["lr"])): r["runs"] - r["failed"] for r in rows}
+            runs_at = {round(math.log2(r["lr"])): r["runs"] for r in rows}
+            if edge is None:
+                text = f"none >= 2^{min(trained)}"
+            else:
+                above = f"2^{edge + 1}: {trained[edge + 1]}/{runs_at[edge + 1]}" if edge + 1 in trained else "bound"
+                text = f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
+            cells.append(text + (" (searching)" if step is not None else ""))
+            details[f"{key}/depth{depth}"] = {"edge_log2": edge, "bracketed": step is None,
+                                              "trained": {str(k): v for k, v in sorted(trained.items())},
+                                              "runs": {str(k): v for k, v in sorted(runs_at.items())}}
+        lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), details
 
 
 def converged_table(runs, args):
@@ -197,6 +228,13 @@ def report(runs, args):
                 f"training images held out (best {args.best_k} of {args.seeds} per lr), then {args.final_seeds} "
                 f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
         _plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
+    elif args.protocol == EDGE:
+        table, details = edge_table(runs, args)
+        text = (f"Stability edge: the largest learning rate at which {args.best_k} of {args.seeds} seeds trained "
+                f"(finite loss, accuracy above {100 * args.chance:g}%), {arch(args)}, batch {args.batch_sizes[0]}, "
+                f"{args.epochs} epoch(s); in brackets the seeds that trained there and one octave above\n\n"
+                f"{table}\n")
+        _plot_edges(details, args)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details = table1_tables(runs, args)
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
@@ -338,6 +376,36 @@ def _plot_depth(details, args):
     plt.close(fig)
 
 
+
+
+def _plot_edges(details, args):
+    """The stability edge against depth, one line per method; a cell where
+    no rate trained is an x at the bottom."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    low = PAPER_LOG2_RANGE[0] - 1
+    for i, key in enumerate(args.methods):
+        points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+        if not points:
+            continue
+        xs = np.array([d for d, _ in points], float) * (1 + 0.03 * (i - len(args.methods) / 2))
+        ys = [c["edge_log2"] if c["edge_log2"] is not None else np.nan for _, c in points]
+        ax.plot(xs, ys, "o-", color=f"C{i}", label=METHODS[key][0])
+        none = [x for x, (_, c) in zip(xs, points) if c["edge_log2"] is None and c["bracketed"]]
+        ax.plot(none, [low] * len(none), "x", color=f"C{i}", ms=8, mew=2)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(args.depths, [str(d) for d in args.depths])
+    ax.set_xlim(min(args.depths) / 1.5, max(args.depths) * 1.5)
+    ax.set_xlabel(f"depth ({arch(args)} layers)")
+    ax.set_ylabel("stability edge: largest log2 learning rate that trains")
+    ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train "
+                 f"(x at {low}: none from 2^{low + 1} up)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    plt.close(fig)
 
 
 def _plot_batch_scaling(details, args):
