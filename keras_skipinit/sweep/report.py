@@ -88,9 +88,9 @@ def depth_table(runs, args):
 
 
 def edge_table(runs, args):
-    """The stability edge per method and depth (issue 42): the largest log2
-    rate where best_k of n seeds trained, the count there and one octave
-    above it, and every rate tried."""
+    """The stability edge per method and depth (issue 42), as table.md's
+    text: the largest log2 rate where best_k of n seeds trained, the count
+    there and one octave above it; details hold every rate tried."""
     lines = ["| method | " + " | ".join(f"depth {d}" for d in args.depths) + " |", "|---|" + "---|" * len(args.depths)]
     details = {}
     for key in args.methods:
@@ -114,7 +114,10 @@ def edge_table(runs, args):
                                               "trained": {str(k): v for k, v in sorted(trained.items())},
                                               "runs": {str(k): v for k, v in sorted(runs_at.items())}}
         lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines), details
+    return (f"Stability edge: the largest learning rate at which {args.best_k} of {args.seeds} seeds trained (finite "
+            f"loss, accuracy above {100 * args.chance:g}%), {arch(args)}, batch {args.batch_sizes[0]}, {args.epochs} "
+            "epoch(s); in brackets the seeds that trained there and one octave above\n\n" + "\n".join(lines) + "\n",
+            details)
 
 
 def converged_table(runs, args):
@@ -229,11 +232,7 @@ def report(runs, args):
                 f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
         _plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
     elif args.protocol == EDGE:
-        table, details = edge_table(runs, args)
-        text = (f"Stability edge: the largest learning rate at which {args.best_k} of {args.seeds} seeds trained "
-                f"(finite loss, accuracy above {100 * args.chance:g}%), {arch(args)}, batch {args.batch_sizes[0]}, "
-                f"{args.epochs} epoch(s); in brackets the seeds that trained there and one octave above\n\n"
-                f"{table}\n")
+        text, details = edge_table(runs, args)
         _plot_edges(details, args)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details = table1_tables(runs, args)
