@@ -107,9 +107,10 @@ def edge_table(runs, args):
             if edge is None:
                 text = f"none >= 2^{min(trained)}"
             else:
-                above = f"2^{edge + 1}: {trained[edge + 1]}/{runs_at[edge + 1]}" if edge + 1 in trained else "bound"
+                above = (f"2^{edge + 1}: {trained[edge + 1]}/{runs_at[edge + 1]}" if edge + 1 in trained
+                         else "the paper's bound" if step is None else "searching")
                 text = f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
-            cells.append(text + (" (searching)" if step is not None else ""))
+            cells.append(text if edge is not None or step is None else text + " (searching)")
             details[f"{key}/depth{depth}"] = {"edge_log2": edge, "bracketed": step is None,
                                               "trained": {str(k): v for k, v in sorted(trained.items())},
                                               "runs": {str(k): v for k, v in sorted(runs_at.items())}}
