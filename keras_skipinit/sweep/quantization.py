@@ -105,7 +105,8 @@ def _mean_std(values, scale=100.0, digits=2):
     values = [scale * v for v in values]
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+    # The population std (ddof 0), as every table of the sweep (np.std): for two seeds, half their difference.
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"
 
 
 def table(records):
