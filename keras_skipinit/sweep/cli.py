@@ -76,6 +76,8 @@ def parse_args(argv=None):
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
+    parser.add_argument("--l2", type=float, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
+    parser.add_argument("--mixup_alpha", type=float, default=None, help="train.py's --mixup_alpha (default 0: none)")
     parser.add_argument("--dataset", default="mnist_embedded")
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")

@@ -34,6 +34,9 @@ def config(settings, run):
         overrides["bn_momentum"] = settings.bn_momentum
     if overrides["normalization"] == "ghost_batchnorm" and settings.ghost_batch_size:
         overrides["ghost_batch_size"] = settings.ghost_batch_size
+    for name in ("l2", "mixup_alpha"):  # train.py's default unless the sweep sets it
+        if getattr(settings, name, None) is not None:
+            overrides[name] = getattr(settings, name)
     micro = min(batch, settings.micro_batch_size or batch)
     name = f"{key}_d{depth}" + (f"_b{batch}" if settings.protocol == "batch_scaling" else "")
     return training.Config(
