@@ -3,7 +3,8 @@
 Exit status: 0 done, 2 bad flags or data, 3 the run diverged, 4 training
 finished but --export_dir failed (results.json is written either way), 5 the
 run's files could not be written (a full disk; it resumes from its last
-checkpoint).
+checkpoint), 130 / 143 interrupted by Ctrl-C / SIGTERM (checkpointed at the
+step reached; the same command resumes).
 """
 
 import os
@@ -152,6 +153,10 @@ def main(argv):
         print(f"{_cli.program('train.py')}: error: cannot write the run: {run_dir.one_line(e)}. Nothing half-written "
               "is kept; run the same command to resume from its last checkpoint once it can write", file=sys.stderr)
         return 5
+    if results["status"] == "interrupted":
+        print(f"{_cli.program('train.py')}: interrupted at epoch {results['epoch']}, step {results['step_in_epoch']} "
+              f"of {results['steps_per_epoch']} (checkpoint saved); run the same command to resume", file=sys.stderr)
+        return 128 + results["signal"]
     results_path = os.path.join(config.model_dir, run_dir.RESULTS)
     if not results["chief"]:
         print(f"Worker done ({results['status']}); the chief writes {config.model_dir}.")

@@ -32,6 +32,7 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, lsuv, machine, run_dir, schedules
+from keras_skipinit.callbacks import EpochProgress, Interrupt, TrainingMonitor, stopped_at
 from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
@@ -227,60 +228,6 @@ def add_l2(model, coefficient):
             variable.regularizer = regularizer
 
 
-class TrainingMonitor(keras.callbacks.Callback):
-    """Stops at the first non-finite loss and checkpoints every N steps,
-    except at the epoch's last step: the epoch-end checkpoint follows its
-    evaluation, and a resume from the last step would find no step to run.
-
-    A run resumed at step S of an epoch gets `partial_logs`, the epoch's
-    training metrics over its first S steps (from the checkpoint), and merges
-    them into the logs every later callback sees (history, TensorBoard, the
-    progress display): the epoch reports its metrics over all its steps, as
-    the run that was never stopped does. Every step is a batch of the same
-    size, so the running means combine by step counts. Goes first in the
-    callback list."""
-
-    def __init__(self, save, epoch, first_step, every, last_step, partial_logs=None):
-        super().__init__()
-        self.save, self.epoch, self.step, self.every = save, epoch, first_step, every
-        self.first_step, self.last_step, self.partial_logs = first_step, last_step, partial_logs or {}
-        self.diverged = None
-
-    def _merge(self, logs):
-        before, after = self.first_step, self.step - self.first_step
-        for name, value in self.partial_logs.items():
-            if name in logs and value is not None and not name.startswith("val_"):
-                logs[name] = (before * value + after * logs[name]) / (before + after)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
-        logs = logs if logs is not None else {}
-        self._merge(logs)
-        loss = logs.get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
-            self.model.stop_training = True
-        elif self.every and self.step % self.every == 0 and self.step < self.last_step:
-            distribute.sync_weights(self.model)  # JAX: from the trainer's state
-            self.save(self.epoch, self.step, partial_logs=dict(logs))
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            self._merge(logs)
-
-
-class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Keras' progress display, counting epochs out of the whole run
-    ("Epoch 3/12") although `train` calls fit once per epoch."""
-
-    def __init__(self, total_epochs):
-        super().__init__()
-        self.total_epochs = total_epochs
-
-    def set_params(self, params):
-        super().set_params({**params, "epochs": self.total_epochs})
-
-
 def train(config):
     """Trains per `config`; returns the results dict (also in results.json)."""
     distribute.check_backend()
@@ -290,7 +237,8 @@ def train(config):
     if distribute.is_chief(strategy):
         run_dir.check_not_foreign(config.model_dir)
         with run_dir.lock(config.model_dir):  # one process per model_dir, for the run's life
-            return _train_chief(config, strategy, start)
+            with Interrupt() as interrupt:
+                return _train_chief(config, strategy, start, interrupt)
     stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()), chief=False)
     if stored is not None:
         return {**stored, "chief": False}
@@ -299,12 +247,13 @@ def train(config):
     # only the chief's land in model_dir.
     out_dir = tempfile.mkdtemp(prefix="keras_skipinit_worker_")
     try:
-        return _train(config, strategy, out_dir, start)
+        with Interrupt() as interrupt:
+            return _train(config, strategy, out_dir, start, interrupt)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _train_chief(config, strategy, start):
+def _train_chief(config, strategy, start, interrupt):
     stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()))
     if stored is not None:
         print(
@@ -314,7 +263,7 @@ def _train_chief(config, strategy, start):
         )
         return {**stored, "chief": True}
     _seed_and_precision(config)
-    return _train(config, strategy, config.model_dir, start)
+    return _train(config, strategy, config.model_dir, start, interrupt)
 
 
 def _seed_and_precision(config):
@@ -322,7 +271,7 @@ def _seed_and_precision(config):
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
 
 
-def _train(config, strategy, out_dir, start):
+def _train(config, strategy, out_dir, start, interrupt):
     """The run itself; writes go to `out_dir` (model_dir, or a non-chief
     worker's scratch directory), checkpoints are read from model_dir."""
     model_dir, chief = config.model_dir, distribute.is_chief(strategy)
@@ -384,12 +333,15 @@ def _train(config, strategy, out_dir, start):
     tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
+        if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved
+            return _interrupted(interrupt, epoch, skip, micro_steps, distribute.is_chief(strategy))
         if skip < micro_steps:
-            monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs)
+            monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs,
+                                      interrupt)
             train_ds = data_lib.train_pipeline(
                 dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
             )
-            with strategy.scope():  # multi-worker: the model pins no strategy
+            with strategy.scope(), stopped_at(monitor):  # multi-worker: the model pins no strategy
                 history = model.fit(
                     train_ds,
                     initial_epoch=epoch,
@@ -401,6 +353,8 @@ def _train(config, strategy, out_dir, start):
                     shuffle=False,  # the pipeline shuffles, seeded per epoch
                     verbose=verbose,
                 )
+            if monitor.stopped:
+                return _interrupted(interrupt, epoch, monitor.step, micro_steps, distribute.is_chief(strategy))
             diverged = monitor.diverged
             if diverged:
                 break
@@ -454,6 +408,13 @@ def _train(config, strategy, out_dir, start):
         run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), preprocessing(dataset))
     run_dir.write_json(os.path.join(out_dir, run_dir.RESULTS), run_dir.strict_json(results))
     return results
+
+
+def _interrupted(interrupt, epoch, step, steps, chief):
+    """What `train` returns when stopped by a signal: where it stopped (a
+    checkpoint is there); results.json is not written."""
+    return {"status": "interrupted", "signal": interrupt.signal, "epoch": epoch + 1, "step_in_epoch": step,
+            "steps_per_epoch": steps, "chief": chief}
 
 
 def activation_bytes(model, batch):

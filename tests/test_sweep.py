@@ -173,6 +173,22 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
     assert calls == []
 
 
+def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):
+    """Issue 46.6: a run stopped by Ctrl-C (checkpointed by train) ends the
+    sweep with one line and exit 130; it is not a result."""
+    def train(config):
+        return {"status": "interrupted", "signal": 2, "epoch": 1, "step_in_epoch": 3, "steps_per_epoch": 9,
+                "chief": True}
+
+    fake_training(monkeypatch, train)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
+    assert exit_info.value.code == 130
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "interrupted during run skipinit depth 10" in line and "run the same command to resume" in line
+    assert not (tmp_path / "runs.jsonl").exists() or (tmp_path / "runs.jsonl").read_text() == ""
+
+
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
     args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
             "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}",

@@ -329,6 +329,43 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
 
 
 @pytest.mark.heavy
+def test_ctrl_c_checkpoints_the_step_reached_and_says_how_to_resume(tmp_path):
+    """Issue 46.6: SIGINT mid-epoch: one line naming the epoch and step, exit
+    130, a checkpoint at that step (no results.json), no traceback; the same
+    command resumes from it."""
+    model_dir = tmp_path / "run"
+    flags = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=400", "--schedule=constant", "--verbose=0",
+             f"--model_dir={model_dir}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (model_dir / "tensorboard" / "train").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if "interrupted" in line]
+    assert "interrupted at epoch 1, step " in line and "of 400" in line and "run the same command to resume" in line
+    ((epoch, step, _),) = run_dir.Checkpoint(str(model_dir / "checkpoint")).all()
+    assert epoch == 0 and 0 < step < 400 and f"step {step} of 400" in line
+    assert not (model_dir / "results.json").exists()
+
+
+def test_a_signal_is_held_until_the_step_ends_and_a_second_one_acts_at_once():
+    from keras_skipinit import callbacks
+
+    before = signal.getsignal(signal.SIGTERM)
+    with callbacks.Interrupt() as interrupt:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert interrupt.signal == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == before  # a second SIGTERM is no longer held
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.heavy
 def test_a_checkpoint_at_an_epochs_last_step_resumes_exactly(tmp_path, monkeypatch):
     """Issue 32.1: a kill during the end-of-epoch evaluation left the newest
     checkpoint at (epoch 0, step 4 of 4); the resume applied a 9th update and

@@ -149,5 +149,9 @@ def main(argv=None):
     except ValueError as e:
         print(f"python -m keras_skipinit.sweep: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (runner.Interrupted, KeyboardInterrupt) as e:
+        where = f" during run {e}" if isinstance(e, runner.Interrupted) else ""
+        print(f"python -m keras_skipinit.sweep: interrupted{where}; run the same command to resume", file=sys.stderr)
+        sys.exit(128 + getattr(e, "signal", 2))
     print(report.report(runs, args))
 

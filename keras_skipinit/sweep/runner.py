@@ -151,6 +151,14 @@ def record(settings, run, outcome):
             "wall_time_s": result["wall_time_s"], "machine": outcome["machine"], "results": results}
 
 
+class Interrupted(Exception):
+    """A run stopped by SIGINT or SIGTERM (checkpointed: the same command resumes it)."""
+
+    def __init__(self, label, signum):
+        super().__init__(label)
+        self.signal = signum
+
+
 def run_sweep(settings):
     """Runs the sweep: every run the protocol allows goes to the executor
     (--executor: this process, one run at a time; or Ray tasks, all at once),
@@ -180,6 +188,8 @@ def run_sweep(settings):
             if not in_flight:
                 break
             run, outcome = executor.wait()
+            if outcome["result"]["status"] == "interrupted":  # not a result: nothing recorded
+                raise Interrupted(run_label(run, settings), outcome["result"]["signal"])
             in_flight.pop(run)
             line = record(settings, run, outcome)
             log.append(path, line)

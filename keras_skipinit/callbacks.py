@@ -1,0 +1,119 @@
+"""The callbacks of a training run (`training.train`): the step monitor
+(divergence, checkpoints every N steps, a resumed epoch's metrics, a
+signal's checkpoint), the progress display, and the signal handling that
+stops a run at a step it can resume from."""
+
+import math
+import signal
+import threading
+
+import keras
+
+from keras_skipinit import distribute
+
+
+class Interrupt:
+    """SIGINT (Ctrl-C) or SIGTERM while `train` runs: the step in progress
+    finishes, a checkpoint is taken there and `train` returns status
+    'interrupted' (no results.json: the same command resumes the run). The
+    first signal puts Python's handlers back, so a second ends the process
+    at once. Only in the main thread (where signals arrive)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal, self._previous = None, {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        self._restore()
+
+    def _restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def __exit__(self, *exc):
+        self._restore()
+
+
+class Stopped(Exception):
+    """Raised by TrainingMonitor out of `fit` once the interrupted step is checkpointed."""
+
+
+class TrainingMonitor(keras.callbacks.Callback):
+    """Stops at the first non-finite loss and checkpoints every N steps,
+    except at the epoch's last step: the epoch-end checkpoint follows its
+    evaluation, and a resume from the last step would find no step to run.
+
+    A run resumed at step S of an epoch gets `partial_logs`, the epoch's
+    training metrics over its first S steps (from the checkpoint), and merges
+    them into the logs every later callback sees (history, TensorBoard, the
+    progress display): the epoch reports its metrics over all its steps, as
+    the run that was never stopped does. Every step is a batch of the same
+    size, so the running means combine by step counts. Goes first in the
+    callback list."""
+
+    def __init__(self, save, epoch, first_step, every, last_step, partial_logs=None, interrupt=None):
+        super().__init__()
+        self.save, self.epoch, self.step, self.every = save, epoch, first_step, every
+        self.first_step, self.last_step, self.partial_logs = first_step, last_step, partial_logs or {}
+        self.interrupt = interrupt or Interrupt()
+        self.diverged = None
+
+    def _merge(self, logs):
+        before, after = self.first_step, self.step - self.first_step
+        for name, value in self.partial_logs.items():
+            if name in logs and value is not None and not name.startswith("val_"):
+                logs[name] = (before * value + after * logs[name]) / (before + after)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        logs = logs if logs is not None else {}
+        self._merge(logs)
+        loss = logs.get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
+            self.model.stop_training = True
+        elif self.step < self.last_step and (self.interrupt.signal or self.every and self.step % self.every == 0):
+            distribute.sync_weights(self.model)  # JAX: from the trainer's state
+            self.save(self.epoch, self.step, partial_logs=dict(logs))
+            if self.interrupt.signal:
+                raise Stopped  # out of fit at once: no evaluation of a half-trained epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            self._merge(logs)
+
+
+class EpochProgress(keras.callbacks.ProgbarLogger):
+    """Keras' progress display, counting epochs out of the whole run
+    ("Epoch 3/12") although `train` calls fit once per epoch."""
+
+    def __init__(self, total_epochs):
+        super().__init__()
+        self.total_epochs = total_epochs
+
+    def set_params(self, params):
+        super().set_params({**params, "epochs": self.total_epochs})
+
+
+class stopped_at:
+    """Catches TrainingMonitor's Stopped out of `fit`, marking the monitor
+    stopped (`with strategy.scope(), stopped_at(monitor): model.fit(...)`)."""
+
+    def __init__(self, monitor):
+        self.monitor = monitor
+        monitor.stopped = False
+
+    def __enter__(self):
+        return self.monitor
+
+    def __exit__(self, kind, value, traceback):
+        self.monitor.stopped = kind is Stopped
+        return self.monitor.stopped
