@@ -113,14 +113,28 @@ def _check_flags():
             raise ValueError(f"--base_path is for --format=saved_model; --format={F.format} writes --output")
 
 
+def _run_of(source):
+    """The train.py model_dir behind --source: the source itself, or the
+    folder of a run's own model.keras (its model_spec.json beside it); None
+    for a .keras file from elsewhere."""
+    from keras_skipinit import run_dir
+
+    if os.path.isdir(source):
+        return source
+    folder = os.path.dirname(os.path.abspath(source))
+    if os.path.basename(source) == run_dir.MODEL and os.path.exists(os.path.join(folder, run_dir.SPEC)):
+        return folder
+    return None
+
+
 def _labels(model):
     from keras_skipinit import deploy, run_dir
 
     classes = model.output_shape[-1]
     if F.labels is not None:
         return deploy.read_labels(F.labels, classes)
-    if os.path.isdir(F.source):
-        labels = run_dir.read_spec(F.source).get("labels") or None
+    if _run_of(F.source):
+        labels = run_dir.read_spec(_run_of(F.source)).get("labels") or None
         return labels if labels and len(labels) == classes else None
     return None
 
@@ -131,9 +145,10 @@ def _data():
 
     if F.dataset is not None:
         return data_lib.load(F.dataset)
-    if not os.path.isdir(F.source):
-        raise ValueError(f"{F.source} is a .keras file: pass --dataset=NAME for the images its export is checked on")
-    config = run_dir.read_spec(F.source)["config"]
+    if _run_of(F.source) is None:
+        raise ValueError(f"{F.source} is a .keras file from outside a train.py run: pass --dataset=NAME for the "
+                         "images its export is checked on")
+    config = run_dir.read_spec(_run_of(F.source))["config"]
     return data_lib.load(config["dataset"], config.get("data_dir"), config.get("manual_dir"),
                          validation_examples=config.get("validation_examples"))
 

@@ -3,6 +3,7 @@ the Keras model on real images, quantization, class names, bad input."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -223,17 +224,26 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
 
 
 def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):
+    """A .keras file from outside a run needs --dataset; train.py's own
+    model.keras does not (issue 46.4): its run recorded the dataset and the
+    class names."""
     _require_export()
-    refused, exported = tmp_path / "refused", tmp_path / "exported"
-    refused.mkdir()
-    exported.mkdir()
-    flags = [f"--source={trained_run / 'model.keras'}", "--format=onnx"]
-    (status, _, err), (ok, _, ok_err) = run_cli_cases("export", [
+    refused, exported, own = tmp_path / "refused", tmp_path / "exported", tmp_path / "own"
+    for folder in (refused, exported, own):
+        folder.mkdir()
+    elsewhere = tmp_path / "elsewhere.keras"
+    shutil.copy(trained_run / "model.keras", elsewhere)
+    flags = [f"--source={elsewhere}", "--format=onnx", "--check_images=50"]
+    (status, _, err), (ok, _, ok_err), (own_ok, _, own_err) = run_cli_cases("export", [
         [*flags, f"--output={refused / 'm.onnx'}"],
-        [*flags, f"--output={exported / 'm.onnx'}", f"--dataset={data.EMBEDDED}", "--check_images=50"]], ROOT)
+        [*flags, f"--output={exported / 'm.onnx'}", f"--dataset={data.EMBEDDED}"],
+        [f"--source={trained_run / 'model.keras'}", "--format=onnx", "--check_images=50", f"--output={own / 'm.onnx'}"],
+    ], ROOT)
     assert status == 2 and "pass --dataset=NAME" in err and not os.listdir(refused), err[-2000:]
     assert ok == 0, ok_err[-2000:]
-    assert sorted(os.listdir(exported)) == ["m.onnx", "m.onnx.check.json"]  # no labels.txt: a bare .keras file names none
+    assert sorted(os.listdir(exported)) == ["m.onnx", "m.onnx.check.json"]  # a bare .keras file names no classes
+    assert own_ok == 0, own_err[-2000:]
+    assert sorted(os.listdir(own)) == ["m.labels.txt", "m.onnx", "m.onnx.check.json"]
 
 
 def test_without_the_runtime_the_format_says_what_to_install(monkeypatch):
