@@ -266,7 +266,7 @@ def test_the_quantization_study_exports_every_final_run_five_ways_and_resumes(tm
     model_dir = out / "runs" / "batchnorm_s0"
     training.train(training.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
     run = {"method": "batchnorm", "depth": 10, "batch_size": 128, "lr": 0.1, "seed": 0, "phase": "final",
-           "status": "completed", "results": {"config": {"model_dir": "runs/batchnorm_s0"}}}  # as runner.record writes
+           "test_top1": 0.1, "status": "completed", "results": {"config": {"model_dir": "runs/batchnorm_s0"}}}  # as runner.record writes
     log.append(str(out / log.LOG), {**run, "seed": 1, "phase": "select"})  # not a final run: not exported
     log.append(str(out / log.LOG), run)
     records = quantization.quantize_runs(str(out), check_images=32, calibration_images=8)

@@ -254,13 +254,15 @@ def test_a_result_line_cut_by_a_kill_is_dropped_and_its_run_runs_again(tmp_path,
     assert [json.loads(line)["log2_lr"] for line in log.read_text().splitlines()] == [-8, -7, -6]
 
 
-WHOLE = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed"})
+WHOLE = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed", "test_top1": 0.5})
 
 
 @pytest.mark.parametrize("lines,bad", [
     ([WHOLE, "{oops", WHOLE.replace('"seed": 0', '"seed": 1')], 2),  # a line that does not parse, before the last
     ([WHOLE.replace(', "status": "completed"', "")], 1),  # JSON without a status (was a KeyError traceback)
     ([WHOLE, '{"depth": 10, "lr": 0.1, "seed": 1, "status": "completed"}'], 2),  # a last line of JSON without method
+    ([WHOLE.replace(', "test_top1": 0.5', "")], 1),  # without test_top1 (issue 46.5: a KeyError traceback)
+    ([WHOLE.replace('"lr": 0.1', '"lr": "0.05"')], 1),  # a rate as a string (issue 46.5: "Unknown format code")
 ])
 def test_a_result_line_that_is_not_a_torn_write_is_a_one_line_error_and_kept(tmp_path, capsys, lines, bad):
     """Issue 32.3: only a last line that does not parse is a kill's torn write."""

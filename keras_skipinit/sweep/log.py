@@ -9,12 +9,20 @@ import sys
 from keras_skipinit.sweep import protocol
 
 LOG = "runs.jsonl"
-_REQUIRED = ("method", "depth", "lr", "seed", "status")
+NUMBER, OPTIONAL_NUMBER = (int, float), (int, float, type(None))
+# What every sweep result holds, and of which type (JSON's: a bool is not a number here).
+_REQUIRED = {"method": str, "depth": int, "lr": NUMBER, "seed": int, "status": str, "test_top1": OPTIONAL_NUMBER}
+
+
+def _wrong_types(record, required):
+    return [f"{key} is {record[key]!r}" for key, kinds in required.items()
+            if kinds is not None and (not isinstance(record[key], kinds) or isinstance(record[key], bool))]
 
 
 def read_jsonl(path, required, what, repair=False):
-    """The records of a JSON-lines log, each a dict with the keys `required`
-    (`what` names one in messages).
+    """The records of a JSON-lines log, each a dict with the keys of
+    `required` ({key: type or tuple of types, or None for any}; `what` names
+    one in messages).
 
     A last line that does not parse as JSON is what a kill mid-write leaves:
     it is dropped with a warning (and, with `repair`, cut from the file so
@@ -46,9 +54,10 @@ def read_jsonl(path, required, what, repair=False):
                         f.truncate(offset)
                 break
             missing = [k for k in required if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise ValueError(f"{path}, line {number}: not {what} (missing {', '.join(missing)}); "
-                                 "mend or delete that line")
+            wrong = [] if missing else _wrong_types(record, required)
+            if missing or wrong:
+                why = f"missing {', '.join(missing)}" if missing else ", ".join(wrong)
+                raise ValueError(f"{path}, line {number}: not {what} ({why}); mend or delete that line")
             records.append(record)
         offset += len(raw) + 1
     return records

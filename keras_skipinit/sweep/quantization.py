@@ -36,7 +36,8 @@ def final_runs(out):
     return sorted(finals, key=lambda r: (r["method"], r["depth"], r["seed"]))
 
 
-_FIELDS = ("run", "method", "seed", "variant", "status", "bytes", "keras_top1", "file_top1")
+_FIELDS = {"run": str, "method": str, "seed": int, "variant": str, "status": str, "bytes": int, "keras_top1": (int, float),
+           "file_top1": (int, float)}
 
 
 def read_log(path, repair=False):
