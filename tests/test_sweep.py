@@ -189,6 +189,17 @@ def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_
     assert not (tmp_path / "runs.jsonl").exists() or (tmp_path / "runs.jsonl").read_text() == ""
 
 
+def test_quantization_report_without_a_log_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """Issue 46.5: --report_only on a missing --out was a FileNotFoundError; on an --out without
+    quantization.jsonl it wrote an empty table and exited 0."""
+    from keras_skipinit.sweep import quantization
+
+    for out in (tmp_path / "missing", tmp_path):
+        assert quantization.main([f"--out={out}", "--report_only"]) == 2
+        assert "no quantization.jsonl in" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
     args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
             "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}",

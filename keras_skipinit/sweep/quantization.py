@@ -151,6 +151,8 @@ def main(argv=None):
     if args.check_images < 1 or args.calibration_images < 1:
         parser.error("--check_images and --calibration_images must be positive")
     try:
+        if args.report_only and not os.path.isfile(os.path.join(args.out, LOG)):
+            raise ValueError(f"no {LOG} in {args.out}: run the study without --report_only first")
         records = read_log(os.path.join(args.out, LOG)) if args.report_only else quantize_runs(
             args.out, args.check_images, args.calibration_images)
     except ValueError as e:
