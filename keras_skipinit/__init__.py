@@ -17,7 +17,7 @@ if _startup.our_command():  # before Keras loads TensorFlow: our commands start 
 
 # Importing the package registers every layer, optimizer and schedule a .keras file of ours names
 # (looped: RepeatedBlocks, of --loop_blocks models).
-from keras_skipinit import analysis, applications, layers, looped, lsuv, normalization, optimizers, schedules
+from keras_skipinit import applications, layers, looped, lsuv, normalization, optimizers, schedules
 from keras_skipinit.layers import FixupBias, GhostBatchNormalization, SkipInitScale
 
 __version__ = "0.1.0"
@@ -29,7 +29,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    """`keras_skipinit.training` etc.: TensorFlow modules, imported on first use."""
-    if name in TENSORFLOW_MODULES:
+    """`keras_skipinit.training` etc.: TensorFlow modules, imported on first use; so is
+    `analysis` (a command itself: `python -m keras_skipinit.analysis` warned when the
+    package had imported it already)."""
+    if name in TENSORFLOW_MODULES or name == "analysis":
         return importlib.import_module(f"keras_skipinit.{name}")
     raise AttributeError(f"module 'keras_skipinit' has no attribute {name!r}")

@@ -327,6 +327,7 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
     [os.path.join(ROOT, "train.py"), "--no_such_flag"],
     ["-m", "export", "--no_such_flag"],
     ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
+    ["-m", "keras_skipinit.analysis", "--no_such_flag"],  # warned about its own import (issue 46.8)
     [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
 ])
 def test_commands_start_without_tensorflow_start_up_lines(command):
