@@ -40,6 +40,14 @@ def test_l2_term_is_coefficient_times_sum_of_squared_kernels():
     assert all(w.regularizer is None for w in model.trainable_weights if not w.path.endswith("kernel"))
 
 
+def test_a_long_silent_build_is_announced_in_one_line():
+    """Issue 46.10: an unrolled 1,000-layer net built for minutes without a word."""
+    note = training.build_note(training.Config(depth=1000))
+    assert note.startswith("Building WRN-1000-1 unrolled") and "--loop_blocks" in note
+    assert training.build_note(training.Config(depth=1000, loop_blocks=True)) is None
+    assert training.build_note(training.Config(depth=100)) is None
+
+
 def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
     def make():
         scalar = keras.Variable(1.0, name="alpha")
