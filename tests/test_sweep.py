@@ -2,12 +2,15 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import keras
 import pytest
 
 from keras_skipinit import machine, sweep, training
-from keras_skipinit.sweep import protocol, runner
+from keras_skipinit.sweep import presets, protocol, runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(log2_lr, seed, acc, status="completed", ce=None):
@@ -198,6 +201,37 @@ def test_quantization_report_without_a_log_is_one_line_and_writes_nothing(tmp_pa
         assert quantization.main([f"--out={out}", "--report_only"]) == 2
         assert "no quantization.jsonl in" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def _documented_commands(preset):
+    """The sweep commands a preset's docstring gives (continuation lines joined)."""
+    text = presets.PRESETS[preset].__doc__.replace("\\\n", " ")
+    return [line.split()[3:] for line in text.splitlines() if line.strip().startswith("python -m keras_skipinit.sweep ")]
+
+
+def test_every_presets_documented_command_reports_its_committed_runs_unchanged(tmp_path):
+    """Issue 46.1-2: each preset's documented --out holds its runs (or the
+    docstring says it was not run), and a report of those unchanged runs
+    rewrites nothing (table.md, summary.json, the figures are as committed)."""
+    reported = []
+    for preset in presets.PRESETS:
+        for argv in _documented_commands(preset):
+            (out,) = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]
+            if "not run here" in " ".join(presets.PRESETS[preset].__doc__.split()).lower():
+                assert not out.startswith("docs/"), preset
+                continue
+            committed = os.path.join(ROOT, out)
+            assert os.path.exists(os.path.join(committed, "runs.jsonl")), (preset, out)
+            copy = tmp_path / preset
+            shutil.copytree(committed, copy)
+            sweep.main([a if not a.startswith("--out=") else f"--out={copy}" for a in argv] + ["--report_only"])
+            for name in sorted(os.listdir(committed)):
+                if os.path.isfile(os.path.join(committed, name)):
+                    with open(os.path.join(committed, name), "rb") as a, open(copy / name, "rb") as b:
+                        assert a.read() == b.read(), (preset, name)
+            assert sorted(os.listdir(copy)) == sorted(os.listdir(committed)), preset
+            reported.append(preset)
+    assert len(reported) >= 8
 
 
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):

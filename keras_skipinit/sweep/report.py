@@ -248,16 +248,38 @@ def report(runs, args):
         _plot_depth(details, args)
         if args.epochs > 1:
             _plot_curves(runs, args, split)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(text)
+    _write_if_changed(os.path.join(args.out, "table.md"), text.encode())
     seconds = sum(r["wall_time_s"] or 0 for r in runs)
     command = " ".join(a for a in args.argv if a != "--report_only")  # the command that runs (or resumes) it
     summary = {"command": "python -m keras_skipinit.sweep " + command, "settings": _settings(args),
                "machines": sorted({r.get("machine", "?") for r in runs}), "runs": len(runs),
                "run_time_s": seconds, "cells": details}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(run_dir.strict_json(summary), f, indent=1)
+    path = os.path.join(args.out, "summary.json")
+    data = ("machines", "runs", "run_time_s", "cells")  # not the command and settings a later version words otherwise
+    old = run_dir.read_json(path) if os.path.exists(path) else {}
+    if any(old.get(k) != json.loads(json.dumps(run_dir.strict_json(summary)))[k] for k in data):
+        _write_if_changed(path, json.dumps(run_dir.strict_json(summary), indent=1).encode())
     return text
+
+
+def _write_if_changed(path, content):
+    """Writes `content` unless `path` holds it already: a report of
+    unchanged runs leaves the checkout as it was (renamed into place)."""
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            if f.read() == content:
+                return
+    with open(path + ".tmp", "wb") as f:
+        f.write(content)
+    os.replace(path + ".tmp", path)
+
+
+def _save_figure(fig, path):
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    _write_if_changed(path, buffer.getvalue())
 
 
 def arch(args, depth="n"):
@@ -309,7 +331,7 @@ def _plot_table1(details, args):
     handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHODS[key][0]) for i, key in enumerate(args.methods)]
     axes[0][-1].legend(handles=handles, fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    _save_figure(fig, os.path.join(args.out, "sweep.png"))
     plt.close(fig)
 
 
@@ -345,7 +367,7 @@ def _plot_curves(runs, args, split):
         if low:
             ax.set_ylim(max(min(low) - 2, 100 * args.chance_level - 2), 100)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "curves.png"), dpi=110)
+    _save_figure(fig, os.path.join(args.out, "curves.png"))
     plt.close(fig)
 
 
@@ -372,7 +394,7 @@ def _plot_depth(details, args):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    _save_figure(fig, os.path.join(args.out, "sweep.png"))
     plt.close(fig)
 
 
@@ -404,7 +426,7 @@ def _plot_edges(details, args):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    _save_figure(fig, os.path.join(args.out, "sweep.png"))
     plt.close(fig)
 
 
@@ -455,5 +477,5 @@ def _plot_batch_scaling(details, args):
     acc_ax.legend(fontsize=7)
     fig.suptitle(f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size")
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "sweep.png"), dpi=110)
+    _save_figure(fig, os.path.join(args.out, "sweep.png"))
     plt.close(fig)
