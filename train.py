@@ -1,4 +1,4 @@
-"""Train a keras_skipinit model: `python train.py --helpfull` (the same
+"""Train a keras_skipinit model: `python train.py --help` (the same
 command as the installed `keras-skipinit-train`; see keras_skipinit/train_cli.py)."""
 
 from keras_skipinit.train_cli import run

@@ -12,19 +12,38 @@ def program(default):
     return default if base in ("", "__main__.py", "-c") else base
 
 
+HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def help_text(usage, module):
+    """The usage text and the command's own flags (those `module` defines),
+    each with its help and default."""
+    return f"{usage.rstrip()}\n\nFlags:\n{flags.FLAGS.module_help(module)}\n"
+
+
 def run(main, usage, name):
     """absl's app.run with this command's usage text, also when started
-    through pip's wrapper script (whose module has no docstring). Bad flags
-    (an unknown one, a value outside its enum or bounds) are one line and exit
-    status 2, as every other bad input (absl's own: FATAL, status 1)."""
+    through pip's wrapper script (whose module has no docstring). --help
+    (and -h, --helpfull) prints the usage and the command's own flags and
+    exits 0 (absl's listed no flags, or every library's, and exited 1). Bad
+    flags (an unknown one, a value outside its enum or bounds) and stray
+    arguments are one line and exit status 2, as every other bad input."""
     sys.modules["__main__"].__doc__ = usage
 
     def parse(argv):
+        if any(arg in HELP for arg in argv[1:]):
+            print(help_text(usage, sys.modules[main.__module__]))
+            sys.exit(0)
         try:
-            return flags.FLAGS(argv)
+            rest = flags.FLAGS(argv)
         except flags.Error as e:
-            print(f"{program(name)}: error: {e} (--helpfull lists the flags)", file=sys.stderr)
+            print(f"{program(name)}: error: {e} (--help lists the flags)", file=sys.stderr)
             sys.exit(2)
+        if len(rest) > 1:
+            print(f"{program(name)}: error: unexpected arguments: {' '.join(rest[1:])} (flags are --name=value; "
+                  "--help lists them)", file=sys.stderr)
+            sys.exit(2)
+        return rest
 
     app.run(main, flags_parser=parse)
 

@@ -288,18 +288,20 @@ def test_divergence_is_recorded_not_crashed(tmp_path, capsys):
 
 BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), ("--normalization=layernorm", "normalization"),
              ("--alpha_init=half", "alpha_init"), ("--shortcut=C", "shortcut"), ("--epochs=0", "epochs"),
-             ("--no_such_flag=1", "no_such_flag")]
+             ("--no_such_flag=1", "no_such_flag"), ("stray", "unexpected arguments: stray")]  # issue 46.7: usage, exit 1
 
 
 def test_cli_bad_flags_give_one_line_errors():
     """Exit status 2 and one line for every bad flag (issue 32.6: absl's own
     flag errors were 'FATAL Flags parsing error', status 1). The cases share
     one process; test_run_dir starts train.py itself on a bad flag."""
-    results = run_cli_cases("train", [[flag, "--epochs=1"] for flag, _ in BAD_FLAGS], ROOT)
+    results = run_cli_cases("train", [[flag, "--epochs=1"] for flag, _ in BAD_FLAGS] + [["--help"]], ROOT)
     for (flag, match), (status, _, err) in zip(BAD_FLAGS, results):
         assert status == 2 and "Traceback" not in err and "FATAL" not in err, (flag, err)
         (line,) = [line for line in err.splitlines() if "error:" in line]
         assert match in line and line.startswith("train.py: error:"), (flag, line)
+    status, out, _ = results[-1]  # issue 46.7: --help listed no flag and exited 1
+    assert status == 0 and "--normalization" in out and "--learning_rate" in out and "--model_dir" in out
 
 
 @pytest.mark.heavy
