@@ -239,6 +239,11 @@ def check_output(path, fmt, overwrite):
         raise ValueError(f"--output for --format={fmt} must end in {SUFFIXES[fmt]}, got {path}")
     if not os.path.isdir(directory):
         raise ValueError(f"--output's directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"--output's directory {directory} cannot be written (permissions or a read-only filesystem)")
+    longest = os.path.basename(failed_path(path)) + ".check.json"  # the longest name an export writes there
+    if len(longest.encode()) > os.pathconf(directory, "PC_NAME_MAX"):
+        raise ValueError(f"--output's name is too long for its filesystem (the export writes {longest!r} beside it)")
     for target in (path, labels_path(path)):
         if os.path.exists(target) and not overwrite:
             raise ValueError(f"{target} exists; pass --overwrite to replace it")
@@ -271,9 +276,15 @@ def write_labels(path, labels):
 
 
 def read_labels(path, classes):
-    """Class names, one a line; as many as the model has classes."""
-    with open(path) as f:
-        labels = [line.rstrip("\n") for line in f if line.strip()]
+    """Class names, one a line (UTF-8 text); as many as the model has classes."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--labels={path}: {'a directory' if os.path.isdir(path) else 'no such file'}, "
+                         "not a file of class names")
+    try:
+        with open(path, encoding="utf-8") as f:
+            labels = [line.rstrip("\n") for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"--labels={path} is not a text file of class names (not UTF-8)") from None
     if len(labels) != classes:
         raise ValueError(f"{path} names {len(labels)} classes, the model has {classes}")
     return labels

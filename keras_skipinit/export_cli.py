@@ -97,20 +97,26 @@ def main(argv):
     return 0
 
 
+# Flags that do something for one kind of export only: given with the other, they are refused, not ignored.
+_SAVED_MODEL_ONLY = ("base_path", "model_name", "version", "top_k", "fold")
+_FILE_ONLY = ("output", "quantize", "check_images", "calibration_images", "dataset")
+
+
 def _check_flags():
     """Flags that belong to one format only, given with another: one line."""
     from keras_skipinit import deploy
 
-    if F.format == "saved_model":
-        if F.base_path is None:
-            raise ValueError("--format=saved_model needs --base_path")
-        if F.output is not None or F.quantize is not None:
-            raise ValueError("--output and --quantize are for --format=litert|onnx; a SavedModel goes to --base_path")
-    else:
-        if F.output is None:
-            raise ValueError(f"--format={F.format} needs --output=FILE{deploy.SUFFIXES[F.format]}")
-        if F.base_path is not None:
-            raise ValueError(f"--base_path is for --format=saved_model; --format={F.format} writes --output")
+    saved_model = F.format == "saved_model"
+    given = [name for name in (_FILE_ONLY if saved_model else _SAVED_MODEL_ONLY) if F[name].present]
+    if given:
+        kind = "--format=litert|onnx" if saved_model else "--format=saved_model"
+        raise ValueError(f"{', '.join('--' + n for n in given)}: for {kind} only, not --format={F.format}")
+    if saved_model and F.base_path is None:
+        raise ValueError("--format=saved_model needs --base_path")
+    if not saved_model and F.output is None:
+        raise ValueError(f"--format={F.format} needs --output=FILE{deploy.SUFFIXES[F.format]}")
+    if F["calibration_images"].present and F.quantize != "int8":
+        raise ValueError("--calibration_images calibrates --quantize=int8 only")
 
 
 def _run_of(source):

@@ -340,4 +340,19 @@ def load_source(source, preprocessing=None):
         raise ValueError(f"no such model file or model_dir: {source}")
     if preprocessing is not None and recorded is not None and preprocessing != recorded:
         print(f"Note: exporting with preprocessing={preprocessing}; {source} was trained with {recorded}.")
+    check_exportable(model, preprocessing or recorded, source)
     return model, preprocessing or recorded, description
+
+
+def check_exportable(model, preprocessing, source):
+    """One line, before any export work, for a model an export cannot serve:
+    no classifier head (include_top=False, pyramid_outputs=True), or ImageNet
+    preprocessing (resize 256, crop 224) on a model of another input size."""
+    outputs = model.outputs if isinstance(model.outputs, (list, tuple)) else [model.outputs]
+    if len(outputs) != 1 or len(outputs[0].shape) != 2:
+        shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
+        raise ValueError(f"{source} outputs {shapes}: an export needs a classifier head ([batch, classes]); "
+                         "this model was built with include_top=False or pyramid_outputs=True")
+    if preprocessing == "imagenet" and tuple(model.input_shape[1:3]) != (data_lib.IMAGENET_SIZE,) * 2:
+        raise ValueError(f"preprocessing=imagenet crops images to {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE}; "
+                         f"{source} takes {model.input_shape[1]}x{model.input_shape[2]}")

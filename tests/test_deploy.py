@@ -190,12 +190,19 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
 BAD_REQUESTS = [
     (["--format=litert"], "needs --output"),
     (["--format=tflite", "--output=X/m.tflite"], "--format=tflite: value should be one of <saved_model|litert|onnx>"),
-    (["--output=X/m.tflite", "--base_path=X"], "--output and --quantize are for"),
+    (["--output=X/m.tflite", "--base_path=X"], "--output: for --format=litert|onnx only"),
     (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),
     (["--format=litert", "--output=X/missing/m.tflite"], "does not exist"),
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
-    (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path is for --format=saved_model"),
+    (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path: for --format=saved_model only"),
+    # issue 46.3: flags that did nothing for the format, class names that are no file, a name the filesystem refuses
+    (["--format=litert", "--output=X/m.tflite", "--nofold"], "--fold: for --format=saved_model only"),
+    (["--format=onnx", "--output=X/m.onnx", "--calibration_images=10"], "calibrates --quantize=int8 only"),
+    (["--format=litert", "--output=X/m.tflite", "--labels=X/missing.txt"], "no such file"),
+    (["--format=litert", "--output=X/m.tflite", "--labels=X"], "a directory"),
+    (["--format=litert", "--output=X/m.tflite", "--labels=X/exists.tflite"], "not UTF-8"),
+    (["--format=litert", f"--output=X/{'m' * 250}.tflite"], "name is too long"),
     (["--format=litert", "--output=X/m.tflite", "--labels=X/three.txt"], "names 3 classes, the model has 10"),
     # A model of another input size than the check images: refused before the conversion (issue 45.4).
     (["--source=W", "--format=litert", "--output=X/m.tflite", "--dataset=mnist_embedded", "--preprocessing=standardize"],
@@ -211,7 +218,7 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
     for i in range(len(BAD_REQUESTS)):
         folders.append(tmp_path / str(i))
         folders[-1].mkdir()
-        (folders[-1] / "exists.tflite").write_bytes(b"mine")
+        (folders[-1] / "exists.tflite").write_bytes(b"\x89mine")  # not UTF-8: also a binary --labels
         (folders[-1] / "three.txt").write_text("a\nb\nc\n")
     cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)).replace("=W", f"={wide}") for f in flags]]
              for folder, (flags, _) in zip(folders, BAD_REQUESTS)]
@@ -220,7 +227,7 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
         (line,) = [line for line in err.splitlines() if "error:" in line]
         assert match in line, (flags, line)
         assert sorted(os.listdir(folder)) == ["exists.tflite", "three.txt"], flags
-        assert (folder / "exists.tflite").read_bytes() == b"mine"
+        assert (folder / "exists.tflite").read_bytes() == b"\x89mine"
 
 
 def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):

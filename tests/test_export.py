@@ -197,10 +197,21 @@ def test_cli_errors_are_one_line(tmp_path):
     corrupt = tmp_path / "corrupt.keras"
     corrupt.write_bytes(b"not a zip file")
     serving_dir = tmp_path / "serving"
+    headless, small = tmp_path / "headless.keras", tmp_path / "small.keras"
+    apps.WideResNet(10, 1, input_shape=(28, 28, 1), include_top=False, seed=0).save(headless)
+    apps.WideResNet(10, 1, input_shape=(28, 28, 1), seed=0).save(small)
     cases = [(["--source=/nonexistent.keras", f"--base_path={tmp_path}"], "no such model"),
              ([f"--source={corrupt}", f"--base_path={tmp_path}"], "not a .keras file"),
              (["--source=/nonexistent", f"--base_path={serving_dir}", "--model_name=.."], "one path component"),
-             (["--source=/nonexistent", f"--base_path={serving_dir}", "--model_name="], "one path component")]
+             (["--source=/nonexistent", f"--base_path={serving_dir}", "--model_name="], "one path component"),
+             # issue 46.3: a model without a classifier head, ImageNet preprocessing on a 28x28 model, a flag
+             # of the other kind of export (each was a traceback after the work, or silently ignored)
+             ([f"--source={headless}", f"--base_path={serving_dir}", "--preprocessing=standardize"],
+              "an export needs a classifier head"),
+             ([f"--source={small}", f"--base_path={serving_dir}", "--preprocessing=imagenet"],
+              "crops images to 224x224"),
+             ([f"--source={small}", f"--base_path={serving_dir}", "--dataset=mnist_embedded"],
+              "--dataset: for --format=litert|onnx only")]
     for (flags, words), (status, _, err) in zip(cases, run_cli_cases("export", [c for c, _ in cases], ROOT)):
         assert status == 2 and "Traceback" not in err and words in err, (flags, err[-1000:])
     assert not os.path.exists(serving_dir) and not os.path.exists(tmp_path / "1")
