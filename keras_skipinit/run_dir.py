@@ -267,7 +267,11 @@ def build_model(model_args):
     args = dict(model_args)
     if "input_shape" in args:
         args["input_shape"] = tuple(args["input_shape"])
-    return applications.build(args.pop("model"), args.pop("depth"), **args)
+    try:
+        return applications.build(args.pop("model"), args.pop("depth"), **args)
+    except TypeError as e:  # an argument this version's constructors do not take
+        raise ValueError(f"{SPEC} names a model this version of keras_skipinit cannot build ({e}); "
+                         "was the run made by another version?") from None
 
 
 def read_spec(model_dir):
@@ -390,6 +394,12 @@ def load_keras(path):
     try:
         return keras.models.load_model(path, compile=False)
     except Exception as e:  # corrupt or foreign files: one line, not a traceback
+        unknown = re.search(r"Could not locate class '([^']+)'", str(e))
+        if unknown:
+            from keras_skipinit import __version__
+
+            raise ValueError(f"{path} uses the layer {unknown[1]}, which keras_skipinit {__version__} does not "
+                             "define: load it where the package that defines it is imported") from None
         raise ValueError(f"cannot load {path} as a Keras model: {one_line(e)}") from None
 
 

@@ -365,3 +365,22 @@ def test_tensorflow_start_up_lines_are_recognized_and_nothing_else():
     kept = ["train.py: error: --model_dir=x is in use by process 1", "W0000 00:00:1.0 12 op_kernel.cc:1] OOM when allocating",
             "Traceback (most recent call last):", "WARNING: something else"]
     assert all(_startup.is_noise(line) for line in noise) and not any(_startup.is_noise(line) for line in kept)
+
+
+def test_a_model_this_version_cannot_build_or_load_is_one_line_naming_why(tmp_path):
+    """Issue 46.3: model_spec.json with an unknown constructor argument (was a
+    TypeError traceback) and a .keras file with a layer nobody defined (was
+    Keras' generic message)."""
+    import zipfile
+
+    with pytest.raises(ValueError, match="cannot build .*no_such_argument.*another version"):
+        run_dir.build_model({"model": "wrn", "depth": 10, "width": 1, "no_such_argument": 1})
+    path, renamed = tmp_path / "m.keras", tmp_path / "renamed.keras"
+    apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization="skipinit", seed=0).save(path)
+    with zipfile.ZipFile(path) as old, zipfile.ZipFile(renamed, "w") as new:
+        for item in old.infolist():
+            data = old.read(item.filename)
+            new.writestr(item, data.replace(b"SkipInitScale", b"NoSuchLayer") if item.filename == "config.json"
+                         else data)
+    with pytest.raises(ValueError, match=r"uses the layer NoSuchLayer, which keras_skipinit .* does not define"):
+        run_dir.load_keras(str(renamed))
