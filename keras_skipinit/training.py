@@ -170,9 +170,8 @@ def build_model(config, dataset):
 
 
 def build_note(config):
-    """One line before a build that is silent for minutes: an unrolled net
-    of 500+ layers (WRN-1000-1: 14 s to build, 2 min to its first step on 2
-    CPU cores), or None."""
+    """One line before a build that is silent for minutes on a CPU (an
+    unrolled net of 500+ layers; benchmarks/depth_scaling.py), or None."""
     if config.loop_blocks or config.depth < 500:
         return None
     name = applications.registry.title(config.model, config.depth, config.width)
