@@ -413,6 +413,8 @@ def _plot_edges(details, args):
         xs = np.array([d for d, _ in points], float) * (1 + 0.03 * (i - len(args.methods) / 2))
         ys = [c["edge_log2"] if c["edge_log2"] is not None else np.nan for _, c in points]
         ax.plot(xs, ys, "o-", color=f"C{i}", label=METHODS[key][0])
+        searching = [(x, y) for x, y, (_, c) in zip(xs, ys, points) if not c["bracketed"]]
+        ax.plot([x for x, _ in searching], [y for _, y in searching], "o", color="white", ms=4)  # open: a lower bound
         none = [x for x, (_, c) in zip(xs, points) if c["edge_log2"] is None and c["bracketed"]]
         ax.plot(none, [low] * len(none), "x", color=f"C{i}", ms=8, mew=2)
     ax.set_xscale("log")
@@ -421,8 +423,8 @@ def _plot_edges(details, args):
     ax.set_xlim(min(args.depths) / 1.5, max(args.depths) * 1.5)
     ax.set_xlabel(f"depth ({arch(args)} layers)")
     ax.set_ylabel("stability edge: largest log2 learning rate that trains")
-    ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train "
-                 f"(x at {low}: none from 2^{low + 1} up)", fontsize=9)
+    ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train\n"
+                 f"(x at {low}: none from 2^{low + 1} up; open: still searching)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
