@@ -101,19 +101,3 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params):
         super().set_params({**params, "epochs": self.total_epochs})
-
-
-class stopped_at:
-    """Catches TrainingMonitor's Stopped out of `fit`, marking the monitor
-    stopped (`with strategy.scope(), stopped_at(monitor): model.fit(...)`)."""
-
-    def __init__(self, monitor):
-        self.monitor = monitor
-        monitor.stopped = False
-
-    def __enter__(self):
-        return self.monitor
-
-    def __exit__(self, kind, value, traceback):
-        self.monitor.stopped = kind is Stopped
-        return self.monitor.stopped

@@ -93,9 +93,7 @@ def _archive(model, preprocessing, directory):
     height, width, channels = model.input_shape[1:]
     if None in (height, width, channels):
         raise ValueError(f"the model needs a fixed input size to be exported, has {model.input_shape}")
-    if preprocessing == "imagenet" and (height, width) != (data_lib.IMAGENET_SIZE,) * 2:
-        raise ValueError(f"preprocessing=imagenet needs a {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE} model, "
-                         f"has {height}x{width}")
+    serving.check_exportable(model, preprocessing, f"model {model.name!r}")
     def serve(images):
         x = exact_shape(tf.cast(images, tf.float32), height, width, channels)
         return {"probabilities": serving.probabilities(model, preprocess_batch(x, preprocessing))}
@@ -183,8 +181,9 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
         if labels:
             write_labels(labels_path(staged), labels)
         if check_on is not None:
+            images, answers, *want = check_on
             try:
-                check(staged, model, *check_on[:2], preprocessing, quantize, *check_on[2:])
+                check(staged, model, images, answers, preprocessing, quantize, *want)
             except CheckFailed as e:
                 _publish(staged, failed_path(path), overwrite=True)
                 raise CheckFailed(str(e).replace(staged, failed_path(path)), e.report) from None

@@ -66,9 +66,21 @@ def _removed_on_failure(path):
     try:
         yield path
     except BaseException:
-        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else (
-            os.path.exists(path) and os.remove(path))
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
         raise
+
+
+def write_atomic(path, content):
+    """`content` (str or bytes) written to a temporary file beside `path` and
+    renamed: `path` is complete or as it was."""
+    data = content.encode() if isinstance(content, str) else content
+    with _removed_on_failure(f"{path}.tmp") as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
 
 
 def check_space(directory, variables, what):
@@ -85,10 +97,7 @@ def check_space(directory, variables, what):
 
 def write_json(path, value):
     """Written to a temporary file and renamed: complete or not there."""
-    with _removed_on_failure(f"{path}.tmp") as tmp:
-        with open(tmp, "w") as f:
-            json.dump(value, f, indent=2, allow_nan=False)
-        os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=2, allow_nan=False))
 
 
 def strict_json(value):
@@ -234,11 +243,7 @@ def write_history(model_dir, rows):
 
     header = list(dict.fromkeys(k for row in rows for k in row))
     lines = [",".join(header)] + [",".join(cell(row.get(k)) for k in header) for row in rows]
-    path = os.path.join(model_dir, HISTORY)
-    with _removed_on_failure(f"{path}.tmp") as tmp:
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
+    write_atomic(os.path.join(model_dir, HISTORY), "\n".join(lines) + "\n")
 
 
 def read_history(model_dir):

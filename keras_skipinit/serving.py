@@ -279,15 +279,12 @@ def _swap_in(tmp, path, overwrite):
     aside first and removed after, so TF Serving loses the version for the
     time between two renames only. Refuses a `path` that appeared meanwhile
     (another export) without `overwrite`."""
-    if not os.path.exists(path):
-        try:
-            os.rename(tmp, path)  # fails if another export made `path` meanwhile (a non-empty directory)
-            return
-        except OSError:
-            if not overwrite:
-                raise ValueError(f"{path} was written by another export meanwhile; pass --overwrite to replace it") from None
-    if not overwrite:
-        raise ValueError(f"{path} was written by another export meanwhile; pass --overwrite to replace it")
+    try:
+        os.rename(tmp, path)  # fails where `path` is a version (made meanwhile by another export, or replaced)
+        return
+    except OSError:
+        if not overwrite:
+            raise ValueError(f"{path} was written by another export meanwhile; pass --overwrite to replace it") from None
     old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=os.path.dirname(path))
     os.replace(path, os.path.join(old, "version"))
     os.rename(tmp, path)

@@ -32,7 +32,7 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, lsuv, machine, run_dir, schedules
-from keras_skipinit.callbacks import EpochProgress, Interrupt, TrainingMonitor, stopped_at
+from keras_skipinit.callbacks import EpochProgress, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
@@ -300,8 +300,9 @@ def _train(config, strategy, out_dir, start, interrupt):
     steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
     micro_steps = steps_per_epoch * config.accumulation_steps
 
-    if build_note(config) and chief:
-        print(build_note(config), flush=True)
+    note = build_note(config)
+    if note and chief:
+        print(note, flush=True)
     with strategy.scope():
         model = compiled_model(config, dataset, steps_per_epoch)
         _note_ghost_batches(model, distribute.model_batch(strategy, micro_batch), chief)
@@ -346,27 +347,28 @@ def _train(config, strategy, out_dir, start, interrupt):
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
         if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved
-            return _interrupted(interrupt, epoch, skip, micro_steps, distribute.is_chief(strategy))
+            return _interrupted(interrupt, epoch, skip, micro_steps, chief)
         if skip < micro_steps:
             monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs,
                                       interrupt)
             train_ds = data_lib.train_pipeline(
                 dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
             )
-            with strategy.scope(), stopped_at(monitor):  # multi-worker: the model pins no strategy
-                history = model.fit(
-                    train_ds,
-                    initial_epoch=epoch,
-                    epochs=epoch + 1,
-                    steps_per_epoch=micro_steps - skip,
-                    validation_data=eval_ds,
-                    validation_steps=eval_steps,
-                    callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
-                    shuffle=False,  # the pipeline shuffles, seeded per epoch
-                    verbose=verbose,
-                )
-            if monitor.stopped:
-                return _interrupted(interrupt, epoch, monitor.step, micro_steps, distribute.is_chief(strategy))
+            try:
+                with strategy.scope():  # multi-worker: the model pins no strategy
+                    history = model.fit(
+                        train_ds,
+                        initial_epoch=epoch,
+                        epochs=epoch + 1,
+                        steps_per_epoch=micro_steps - skip,
+                        validation_data=eval_ds,
+                        validation_steps=eval_steps,
+                        callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
+                        shuffle=False,  # the pipeline shuffles, seeded per epoch
+                        verbose=verbose,
+                    )
+            except Stopped:  # a signal: TrainingMonitor checkpointed the step it reached
+                return _interrupted(interrupt, epoch, monitor.step, micro_steps, chief)
             diverged = monitor.diverged
             if diverged:
                 break

@@ -66,14 +66,7 @@ def read_jsonl(path, required, what, repair=False):
 def load(path, repair=False):
     """The runs recorded in `path` (runs.jsonl, read by `read_jsonl`), keyed
     by their ident; a dropped incomplete last line's run runs again."""
-    runs = {}
-    for number, run in enumerate(read_jsonl(path, _REQUIRED, "a sweep result", repair), 1):
-        try:
-            runs[protocol.run_ident(run)] = run
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: record {number} is not a sweep result ({type(e).__name__}: {e}); "
-                             "mend or delete that line") from None
-    return runs
+    return {protocol.run_ident(run): run for run in read_jsonl(path, _REQUIRED, "a sweep result", repair)}
 
 
 def append(path, record):

@@ -36,16 +36,14 @@ def final_runs(out):
     return sorted(finals, key=lambda r: (r["method"], r["depth"], r["seed"]))
 
 
-_FIELDS = {"run": str, "method": str, "seed": int, "variant": str, "status": str, "bytes": int, "keras_top1": (int, float),
-           "file_top1": (int, float)}
-
-
 def read_log(path, repair=False):
     """quantization.jsonl's records (an incomplete last line, from a kill,
     dropped: its file is made again; with `repair`, cut from the file)."""
     from keras_skipinit.sweep import log
 
-    return log.read_jsonl(path, _FIELDS, "a quantization record", repair)
+    fields = {"run": str, "method": str, "seed": int, "variant": str, "status": str, "bytes": int,
+              "keras_top1": log.NUMBER, "file_top1": log.NUMBER}
+    return log.read_jsonl(path, fields, "a quantization record", repair)
 
 
 def _run_key(run):

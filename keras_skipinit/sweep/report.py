@@ -254,11 +254,11 @@ def report(runs, args):
     summary = {"command": "python -m keras_skipinit.sweep " + command, "settings": _settings(args),
                "machines": sorted({r.get("machine", "?") for r in runs}), "runs": len(runs),
                "run_time_s": seconds, "cells": details}
-    path = os.path.join(args.out, "summary.json")
+    path, content = os.path.join(args.out, "summary.json"), json.dumps(run_dir.strict_json(summary), indent=1)
     data = ("machines", "runs", "run_time_s", "cells")  # not the command and settings a later version words otherwise
-    old = run_dir.read_json(path) if os.path.exists(path) else {}
-    if any(old.get(k) != json.loads(json.dumps(run_dir.strict_json(summary)))[k] for k in data):
-        _write_if_changed(path, json.dumps(run_dir.strict_json(summary), indent=1).encode())
+    old, new = (run_dir.read_json(path) if os.path.exists(path) else {}), json.loads(content)
+    if any(old.get(k) != new[k] for k in data):
+        _write_if_changed(path, content.encode())
     return text
 
 
@@ -269,9 +269,7 @@ def _write_if_changed(path, content):
         with open(path, "rb") as f:
             if f.read() == content:
                 return
-    with open(path + ".tmp", "wb") as f:
-        f.write(content)
-    os.replace(path + ".tmp", path)
+    run_dir.write_atomic(path, content)
 
 
 def _save_figure(fig, path):
