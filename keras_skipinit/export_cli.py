@@ -13,7 +13,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli
+from keras_skipinit import _cli, deploy, preprocessing as preprocessing_lib
 
 USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 
@@ -41,12 +41,12 @@ are the same command.
 
 F = flags.FLAGS
 flags.DEFINE_string("source", None, "A train.py model_dir or a .keras file.", required=True)
-flags.DEFINE_enum("format", "saved_model", ["saved_model", "litert", "onnx"],
+flags.DEFINE_enum("format", "saved_model", ["saved_model", *deploy.FORMATS],
                   "saved_model: TF Serving; litert: one .tflite (built-in ops only, ai_edge_litert); onnx: one .onnx "
                   "(onnxruntime). litert and onnx need pip install -e \".[export]\".")
 flags.DEFINE_string("base_path", None, "--format=saved_model: TF Serving model base path (parent of <model_name>/).")
 flags.DEFINE_string("output", None, "--format=litert|onnx: the file to write (.tflite / .onnx).")
-flags.DEFINE_enum("quantize", None, ["float16", "int8"],
+flags.DEFINE_enum("quantize", None, sorted({q for f in deploy.FORMATS.values() for q in f.quantizations}),
                   "--format=litert: float16 weights, or full-integer int8; --format=onnx: int8 (ONNX Runtime's static "
                   "quantization). int8 is calibrated on --calibration_images training images of the run's dataset "
                   "(the input stays uint8 images). The check then reports accuracy.")
@@ -60,7 +60,7 @@ flags.DEFINE_string("model_name", None, "Served model name, one path component (
 flags.DEFINE_integer("version", None, "Version number (default: the next free one).", lower_bound=1)
 flags.DEFINE_bool("overwrite", False, "Replace an existing version (or --output file).")
 flags.DEFINE_enum(
-    "preprocessing", None, ["standardize", "imagenet"],
+    "preprocessing", None, list(preprocessing_lib.NAMES),
     "In-graph preprocessing (default: the one recorded by train.py; required for other .keras files).",
 )
 flags.DEFINE_integer("top_k", 5, "Classes returned per image.", lower_bound=1)
@@ -72,7 +72,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not F["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from keras_skipinit import deploy, serving
+    from keras_skipinit import serving
 
     try:
         _check_flags()
@@ -104,17 +104,15 @@ _FILE_ONLY = ("output", "quantize", "check_images", "calibration_images", "datas
 
 def _check_flags():
     """Flags that belong to one format only, given with another: one line."""
-    from keras_skipinit import deploy
-
     saved_model = F.format == "saved_model"
     given = [name for name in (_FILE_ONLY if saved_model else _SAVED_MODEL_ONLY) if F[name].present]
     if given:
-        kind = "--format=litert|onnx" if saved_model else "--format=saved_model"
+        kind = f"--format={'|'.join(deploy.FORMATS)}" if saved_model else "--format=saved_model"
         raise ValueError(f"{', '.join('--' + n for n in given)}: for {kind} only, not --format={F.format}")
     if saved_model and F.base_path is None:
         raise ValueError("--format=saved_model needs --base_path")
     if not saved_model and F.output is None:
-        raise ValueError(f"--format={F.format} needs --output=FILE{deploy.SUFFIXES[F.format]}")
+        raise ValueError(f"--format={F.format} needs --output=FILE{deploy.FORMATS[F.format].suffix}")
     if F["calibration_images"].present and F.quantize != "int8":
         raise ValueError("--calibration_images calibrates --quantize=int8 only")
 
@@ -134,7 +132,7 @@ def _run_of(source):
 
 
 def _labels(model):
-    from keras_skipinit import deploy, run_dir
+    from keras_skipinit import run_dir
 
     classes = model.output_shape[-1]
     if F.labels is not None:
@@ -160,15 +158,14 @@ def _data():
 
 
 def _export_file(model, preprocessing, source, labels):
-    from keras_skipinit import deploy
+    from keras_skipinit import data as data_lib
 
     dataset = _data()
-    imagenet = preprocessing == "imagenet"
-    images, answers = deploy.images_of(dataset, "eval", F.check_images, imagenet)
+    images, answers = data_lib.sample_images(dataset, "eval", F.check_images, preprocessing)
     deploy.check_images_fit(model, images, dataset.name)
     calibration = None
     if F.quantize == "int8":
-        calibration, _ = deploy.images_of(dataset, "train", F.calibration_images, imagenet)
+        calibration, _ = data_lib.sample_images(dataset, "train", F.calibration_images, preprocessing)
     try:
         path = deploy.export_file(model, F.format, F.output, preprocessing, quantize=F.quantize,
                                   calibration=calibration, labels=labels, overwrite=F.overwrite,

@@ -14,10 +14,8 @@
 """
 
 import contextlib
-import errno
 import fcntl
 import json
-import math
 import os
 import re
 import shutil
@@ -27,9 +25,8 @@ import tempfile
 import zipfile
 
 import keras
-import numpy as np
 
-from keras_skipinit import applications
+from keras_skipinit import applications, files, preprocessing as preprocessing_lib
 
 SPEC = "model_spec.json"
 RESULTS = "results.json"
@@ -38,79 +35,6 @@ MODEL = "model.keras"
 CHECKPOINTS = "checkpoint"
 LOCK = ".lock"
 KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
-PREPROCESSINGS = ("standardize", "imagenet")
-
-
-def one_line(error):
-    """An exception as one line of at most ~300 characters: its first line,
-    the middle cut out where it is longer (its end often says why: a long
-    path, then "No space left on device")."""
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {line if len(line) <= 300 else line[:150] + ' ... ' + line[-145:]}"
-
-
-def read_json(path):
-    """A JSON file of a run; a corrupt one is a one-line error naming it."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {one_line(e)}") from None
-
-
-@contextlib.contextmanager
-def _removed_on_failure(path):
-    """Removes `path` (a temporary file or directory) if the block fails:
-    a full disk leaves nothing half-written behind."""
-    try:
-        yield path
-    except BaseException:
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.exists(path):
-            os.remove(path)
-        raise
-
-
-def write_atomic(path, content):
-    """`content` (str or bytes) written to a temporary file beside `path` and
-    renamed: `path` is complete or as it was."""
-    data = content.encode() if isinstance(content, str) else content
-    with _removed_on_failure(f"{path}.tmp") as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-
-
-def check_space(directory, variables, what):
-    """Raises OSError(ENOSPC) when `directory`'s filesystem has less room
-    than `variables` take (plus a margin for the file's own structure):
-    before h5py starts a file it then cannot finish (its half-open file
-    crashes the process at exit)."""
-    need = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables) * 1.1 + (1 << 20)
-    free = shutil.disk_usage(directory).free
-    if free < need:
-        raise OSError(errno.ENOSPC, f"No space left on device: {what} needs about {need / 2**20:.1f} MiB, "
-                                    f"{free / 2**20:.1f} MiB free", directory)
-
-
-def write_json(path, value):
-    """Written to a temporary file and renamed: complete or not there."""
-    write_atomic(path, json.dumps(value, indent=2, allow_nan=False))
-
-
-def strict_json(value):
-    """NaN and infinities as null (strict JSON has no NaN); numpy scalars as numbers."""
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class ModelDirInUse(ValueError):
@@ -214,7 +138,7 @@ def check_model_dir(current, defaults, chief=True):
         )
     results_path = os.path.join(model_dir, RESULTS)
     if os.path.exists(results_path):
-        results = read_json(results_path)
+        results = files.read_json(results_path)
         if results.get("status") == "diverged" or results.get("epochs_completed", 0) >= current["epochs"]:
             return {**results, "already_complete": True}
     return None
@@ -243,7 +167,7 @@ def write_history(model_dir, rows):
 
     header = list(dict.fromkeys(k for row in rows for k in row))
     lines = [",".join(header)] + [",".join(cell(row.get(k)) for k in header) for row in rows]
-    write_atomic(os.path.join(model_dir, HISTORY), "\n".join(lines) + "\n")
+    files.write_atomic(os.path.join(model_dir, HISTORY), "\n".join(lines) + "\n")
 
 
 def read_history(model_dir):
@@ -279,9 +203,48 @@ def build_model(model_args):
                          "was the run made by another version?") from None
 
 
+def write_spec(model_dir, config, model_args, dataset, backend):
+    """What export needs to rebuild the model from a checkpoint and to put the
+    evaluation preprocessing in the serving graph; the flags (`config`, a
+    dict), to refuse a model_dir reused with other flags; and every backend
+    the run has used, in order (a run resumed on another backend continues
+    exactly), which it returns."""
+    path = os.path.join(model_dir, SPEC)
+    backends = read_spec(model_dir).get("backends", []) if os.path.exists(path) else []
+    if not backends or backends[-1] != backend:
+        backends.append(backend)
+    files.write_json(path, {
+        "config": config,
+        "model": model_args,
+        "preprocessing": dataset.preprocessing,
+        "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
+        "backends": backends,
+    })
+    return backends
+
+
+def results_record(config, dataset, metrics, diverged, **figures):
+    """results.json's record: the status, the metrics named by split (eval_*
+    on the evaluation split; test_* as well only when that is the test set),
+    training's `figures`, the data's sizes and the flags (`config`, a dict);
+    strict JSON."""
+    return files.strict_json({
+        "status": "diverged" if diverged else "completed",
+        "diverged_at": diverged,
+        **{f"{prefix}_{name}": metrics.get(name)
+           for prefix in ("eval", "test")[: 2 if dataset.eval_split == "test" else 1]
+           for name in ("top1", "top5", "cross_entropy")},
+        **figures,
+        "num_train": dataset.num_train,
+        "num_test": dataset.num_test,
+        "eval_split": dataset.eval_split,  # 'validation': eval_* are on the held-out training examples
+        "config": config,
+    })
+
+
 def read_spec(model_dir):
     path = os.path.join(model_dir, SPEC)
-    spec = read_json(path)
+    spec = files.read_json(path)
     if not isinstance(spec, dict) or not {"config", "model", "preprocessing"} <= set(spec):
         raise ValueError(f"{path} is not a model_spec.json of this version of keras_skipinit")
     return spec
@@ -323,11 +286,11 @@ class Checkpoint:
         state.json beside the weights."""
         out = self.write_directory
         os.makedirs(out, exist_ok=True)
-        check_space(out, model.weights + (model.optimizer.variables if model.optimizer else []), "a checkpoint")
-        with _removed_on_failure(tempfile.mkdtemp(prefix="tmp-", dir=out)) as tmp:
+        files.check_space(out, model.weights + (model.optimizer.variables if model.optimizer else []), "a checkpoint")
+        with files.removed_on_failure(tempfile.mkdtemp(prefix="tmp-", dir=out)) as tmp:
             model.save_weights(os.path.join(tmp, self.WEIGHTS))
-            write_json(os.path.join(tmp, self.STATE),
-                       strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
+            files.write_json(os.path.join(tmp, self.STATE),
+                       files.strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
             final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
             if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
                 shutil.rmtree(final)
@@ -338,7 +301,7 @@ class Checkpoint:
     @classmethod
     def read_state(cls, path):
         """The state.json of the checkpoint at `path` (what `save` was given)."""
-        return read_json(os.path.join(path, cls.STATE))
+        return files.read_json(os.path.join(path, cls.STATE))
 
     def restore(self, model, with_optimizer=True):
         """Loads the newest readable checkpoint into `model`; returns its
@@ -351,10 +314,10 @@ class Checkpoint:
         failures = []
         for epoch, step, path in candidates:
             try:
-                state = read_json(os.path.join(path, self.STATE))
+                state = files.read_json(os.path.join(path, self.STATE))
                 model.load_weights(os.path.join(path, self.WEIGHTS))
             except (OSError, ValueError, KeyError) as e:
-                failures.append(f"{path} ({one_line(e)})")
+                failures.append(f"{path} ({files.one_line(e)})")
                 continue
             if failures:
                 print(f"Warning: unreadable checkpoint {failures[-1]}; restored {path} instead.", file=sys.stderr)
@@ -371,10 +334,9 @@ class Checkpoint:
 def save_model(model, path, preprocessing):
     """`model.save(path)` with the evaluation preprocessing and input shape
     inside the .keras zip (`keras_skipinit.json`), so export never guesses."""
-    if preprocessing not in PREPROCESSINGS:
-        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}")
-    check_space(os.path.dirname(os.path.abspath(path)), model.weights, os.path.basename(path))
-    with _removed_on_failure(path + ".tmp.keras") as tmp:
+    preprocessing_lib.get(preprocessing)
+    files.check_space(os.path.dirname(os.path.abspath(path)), model.weights, os.path.basename(path))
+    with files.removed_on_failure(path + ".tmp.keras") as tmp:
         model.save(tmp)
         with zipfile.ZipFile(tmp, "a") as archive:
             archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing}))
@@ -405,7 +367,7 @@ def load_keras(path):
 
             raise ValueError(f"{path} uses the layer {unknown[1]}, which keras_skipinit {__version__} does not "
                              "define: load it where the package that defines it is imported") from None
-        raise ValueError(f"cannot load {path} as a Keras model: {one_line(e)}") from None
+        raise ValueError(f"cannot load {path} as a Keras model: {files.one_line(e)}") from None
 
 
 def newest_model(model_dir):

@@ -14,13 +14,8 @@ layout) with two signatures and warm-up requests:
 - ``assets.extra/tf_serving_warmup_requests``: one PredictionLog per
   signature, so the first real request does not pay for graph warm-up.
 
-`fold()` returns an equivalent model for inference with BatchNormalization,
-SkipInit scalars, Fixup multipliers and biases and NF branch scales that
-directly follow a convolution folded into its kernel and bias (exact: these
-are per-channel affine maps of the conv output). A Fixup bias in front of a
-1x1 convolution folds into the conv's bias (exact: no zero padding); in
-front of a 3x3 convolution it is kept, since zero padding makes that fold
-inexact at image borders. BNs before a ReLU (pre-activation) are kept.
+The served model is `inference.fold`'s (BN, SkipInit, Fixup and NF scales
+folded into the convs) unless fold_layers=False.
 """
 
 import os
@@ -32,120 +27,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import data as data_lib, layers as ksl, run_dir
+from keras_skipinit import files, inference, preprocessing as preprocessing_lib, run_dir
 
-PREPROCESSINGS = run_dir.PREPROCESSINGS
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
-# --- folding -------------------------------------------------------------------------
-
-
-def _consumers(model):
-    users = {}
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        for tensor in keras.tree.flatten(layer.input):
-            users.setdefault(id(tensor), []).append(layer)
-    return users
-
-
-def _affine(layer):
-    """(scale, shift) with layer(y) = scale * y + shift per channel, or None."""
-    if isinstance(layer, keras.layers.BatchNormalization) and layer.axis in (-1, [-1], 3, [3]):
-        inv = 1.0 / np.sqrt(layer.moving_variance.numpy() + layer.epsilon)
-        gamma = layer.gamma.numpy() if layer.scale else 1.0
-        beta = layer.beta.numpy() if layer.center else 0.0
-        return gamma * inv, beta - gamma * inv * layer.moving_mean.numpy()
-    if isinstance(layer, ksl.SkipInitScale):
-        return float(layer.value.numpy()), 0.0
-    if isinstance(layer, ksl.FixupBias):
-        return 1.0, float(layer.value.numpy())
-    if type(layer) is keras.layers.Rescaling:
-        return float(layer.scale), float(layer.offset)
-    return None
-
-
-@keras.saving.register_keras_serializable(package="keras_skipinit")
-class FoldedAway(keras.layers.Layer):
-    """Stands where `fold` removed a layer: passes its input through and
-    accepts the call arguments of the layer it replaces."""
-
-    def call(self, inputs, training=None, mask=None):
-        return inputs
-
-
-def fold(model):
-    """An equivalent inference model with affine followers (BN, SkipInit
-    alphas, Fixup multipliers and biases, NF's Rescaling scales) folded into
-    convs, and NF's ScaledWSConv2D made plain convs with their standardized
-    kernels."""
-    users = _consumers(model)
-    plans = {}  # conv name -> (kernel, bias)
-    removed = set()
-    for conv in model.layers:
-        # A ScaledWSConv2D (NF) becomes a plain conv with its standardized kernel (gain included).
-        standardized = type(conv) is ksl.ScaledWSConv2D
-        if type(conv) is not keras.layers.Conv2D and not standardized or conv.activation is not keras.activations.linear:
-            continue
-        kernel = keras.ops.convert_to_numpy(conv.standardized_kernel()) if standardized else conv.kernel.numpy()
-        bias = conv.bias.numpy() if conv.use_bias else np.zeros(kernel.shape[-1], kernel.dtype)
-        folded = []
-        # A scalar bias feeding only this 1x1 conv: conv(x + c) = conv(x) + c * sum(W).
-        producer = conv.input._keras_history.operation
-        if (
-            isinstance(producer, ksl.FixupBias)
-            and conv.kernel_size == (1, 1)
-            and len(users.get(id(producer.output), [])) == 1
-        ):
-            bias = bias + float(producer.value.numpy()) * kernel.sum(axis=(0, 1, 2))
-            folded.append(producer.name)
-        scale, shift = np.ones_like(bias), np.zeros_like(bias)
-        tensor = conv.output
-        while len(users.get(id(tensor), [])) == 1:
-            follower = users[id(tensor)][0]
-            affine = _affine(follower)
-            if affine is None:
-                break
-            s, t = affine
-            scale, shift = s * scale, s * shift + t
-            folded.append(follower.name)
-            tensor = follower.output
-        if folded or standardized:
-            removed.update(folded)
-            plans[conv.name] = (kernel * scale, bias * scale + shift)
-
-    def clone(layer):
-        if layer.name in removed:
-            return FoldedAway(name=layer.name)
-        if layer.name in plans:
-            config = layer.get_config()
-            config.pop("eps", None)  # ScaledWSConv2D's
-            config["use_bias"] = True
-            return keras.layers.Conv2D.from_config(config)
-        return layer.__class__.from_config(layer.get_config())
-
-    folded = keras.models.clone_model(model, clone_function=clone)
-    for layer in model.layers:
-        if layer.name in plans:
-            folded.get_layer(layer.name).set_weights(list(plans[layer.name]))
-        elif layer.name not in removed and layer.weights:
-            folded.get_layer(layer.name).set_weights(layer.get_weights())
-    return folded
-
-
 # --- signatures --------------------------------------------------------------------
-
-
-def probabilities(model, x):
-    """The model's class probabilities for a preprocessed batch, float32
-    (a softmax unless its last layer applies one)."""
-    outputs = model(x, training=False)
-    if getattr(model.layers[-1], "activation", None) is not keras.activations.softmax:
-        outputs = tf.nn.softmax(outputs)
-    return tf.cast(outputs, tf.float32)
 
 
 def _predictions(model, images, k, labels=None):
@@ -154,7 +42,7 @@ def _predictions(model, images, k, labels=None):
     convolutions reject a batch of 0)."""
     classes = model.output_shape[-1]
 
-    values = tf.cond(tf.shape(images)[0] > 0, lambda: probabilities(model, images),
+    values = tf.cond(tf.shape(images)[0] > 0, lambda: inference.probabilities(model, images),
                      lambda: tf.zeros([0, classes], tf.float32))
     values = tf.ensure_shape(values, [None, classes])
     scores, top = tf.math.top_k(values, k)
@@ -166,29 +54,24 @@ def _predictions(model, images, k, labels=None):
 
 def _serving_functions(model, preprocessing, top_k, labels=None):
     height, width, channels = model.input_shape[1:]
-    if preprocessing not in PREPROCESSINGS:
-        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}.")
+    prep = preprocessing_lib.get(preprocessing)
     if None in (height, width, channels):
         raise ValueError(f"the model needs a fixed input size to be served, has {model.input_shape}.")
     k = min(top_k, model.output_shape[-1])
 
-    def preprocess(image):
-        if preprocessing == "imagenet":
-            return data_lib.imagenet_eval_preprocess(image)
-        return tf.image.per_image_standardization(image)
-
     def outputs(images):
-        batch = tf.map_fn(preprocess, images, fn_output_signature=tf.float32)
+        batch = tf.map_fn(prep.eval, images, fn_output_signature=tf.float32)
         return _predictions(model, tf.ensure_shape(batch, [None, height, width, channels]), k, labels)
 
-    image_shape = [None, height, width, channels] if preprocessing == "standardize" else [None, None, None, channels]
+    # Images at the model's size, unless the preprocessing resizes them.
+    image_shape = [None, height, width, channels] if prep.resize is None else [None, None, None, channels]
 
     def serve_images(images):
         return outputs(images)
 
     def decode(encoded):
         image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-        if preprocessing == "standardize":
+        if prep.resize is None:
             # The error must come from the data path (a cond), not from a
             # separate assert that the runtime may schedule after a shape op.
             def wrong_size():
@@ -198,7 +81,7 @@ def _serving_functions(model, preprocessing, top_k, labels=None):
 
             fits = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
             image = tf.ensure_shape(tf.cond(fits, lambda: image, wrong_size), [height, width, channels])
-        return preprocess(image)
+        return prep.eval(image)
 
     def serve_bytes(image_bytes):
         batch = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec([None, None, channels], tf.float32))
@@ -237,7 +120,7 @@ def _warmup_records(model, preprocessing, model_name):
         yield log.SerializeToString()
 
 
-def export(model, base_path, model_name, version=None, overwrite=False, preprocessing="standardize",
+def export(model, base_path, model_name, version=None, overwrite=False, preprocessing=preprocessing_lib.STANDARDIZE,
            top_k=5, fold_layers=True, labels=None):
     """Writes a TF Serving SavedModel; returns its directory. With `labels`
     (class names by class index) the signatures also return top_k_labels."""
@@ -250,7 +133,7 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
     path = os.path.join(model_base, str(version))
     if os.path.exists(path) and not overwrite:
         raise ValueError(f"version {version} already exists at {path}; pass overwrite=True (--overwrite) to replace it.")
-    served = fold(model) if fold_layers else model
+    served = inference.fold(model) if fold_layers else model
     archive = keras.export.ExportArchive()
     archive.track(served)
     (serve_images, image_spec), (serve_bytes, bytes_spec) = _serving_functions(served, preprocessing, top_k, labels)
@@ -268,7 +151,7 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
                 writer.write(record)
         _swap_in(tmp, path, overwrite)
     except (OSError, tf.errors.OpError) as e:  # a full disk, a filesystem gone read-only: one line
-        raise ValueError(f"cannot write the SavedModel {path}: {run_dir.one_line(e)}") from None
+        raise ValueError(f"cannot write the SavedModel {path}: {files.one_line(e)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
@@ -319,8 +202,8 @@ def load_source(source, preprocessing=None):
     whose evaluation preprocessing train.py records inside it. A .keras file
     without that record needs `preprocessing`; it is never guessed. An
     explicit `preprocessing` overrides the recorded one."""
-    if preprocessing is not None and preprocessing not in PREPROCESSINGS:
-        raise ValueError(f"preprocessing must be one of {PREPROCESSINGS}, got {preprocessing!r}.")
+    if preprocessing is not None:
+        preprocessing_lib.get(preprocessing)
     if os.path.isdir(source):
         if not os.path.exists(os.path.join(source, run_dir.SPEC)):
             raise ValueError(f"{source} is not a train.py model_dir (no {run_dir.SPEC}).")
@@ -331,7 +214,7 @@ def load_source(source, preprocessing=None):
         if recorded is None and preprocessing is None:
             raise ValueError(
                 f"{source} does not record the preprocessing it was trained with (not saved by train.py); "
-                f"pass --preprocessing={'|'.join(PREPROCESSINGS)}"
+                f"pass --preprocessing={'|'.join(preprocessing_lib.NAMES)}"
             )
     else:
         raise ValueError(f"no such model file or model_dir: {source}")
@@ -350,6 +233,7 @@ def check_exportable(model, preprocessing, source):
         shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
         raise ValueError(f"{source} outputs {shapes}: an export needs a classifier head ([batch, classes]); "
                          "this model was built with include_top=False or pyramid_outputs=True")
-    if preprocessing == "imagenet" and tuple(model.input_shape[1:3]) != (data_lib.IMAGENET_SIZE,) * 2:
-        raise ValueError(f"preprocessing=imagenet crops images to {data_lib.IMAGENET_SIZE}x{data_lib.IMAGENET_SIZE}; "
+    size = preprocessing_lib.get(preprocessing).input_size
+    if size is not None and tuple(model.input_shape[1:3]) != (size, size):
+        raise ValueError(f"preprocessing={preprocessing} crops images to {size}x{size}; "
                          f"{source} takes {model.input_shape[1]}x{model.input_shape[2]}")

@@ -14,7 +14,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, applications, data, normalization, run_dir, schedules, training
+from keras_skipinit import _cli, applications, data, files, normalization, run_dir, schedules, training
 from keras_skipinit.applications import cifar_resnet
 
 _D = training.Config()
@@ -42,15 +42,10 @@ flags.DEFINE_integer("depth", _D.depth, "Depth; " + "; ".join(
     f"{name}: {arch.depths}" for name, arch in applications.ARCHITECTURES.items()) + ".")
 flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
 flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
-flags.DEFINE_string(
-    "alpha_init", None, "SkipInit alpha init: a float or zero|one|inv_sqrt_depth (default zero)."
-)
-flags.DEFINE_integer("ghost_batch_size", None, "Ghost batch size for ghost_batchnorm (default 64 WRN, 256 ResNet).")
-flags.DEFINE_float(
-    "bn_momentum", None,
-    "BN moving-statistics momentum for batchnorm/ghost_batchnorm (default Keras' 0.99; PyTorch's default is 0.9 here).",
-    lower_bound=0.0, upper_bound=0.999999,
-)
+for _name, _option in normalization.OPTIONS.items():  # each method's own flags, from its record
+    _owners = "/".join(n for n, m in normalization.METHODS.items() if _name in m.options)
+    {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}[_option.type](
+        _option.flag, None, f"For --normalization={_owners}: {_option.doc}.")
 flags.DEFINE_bool(
     "lsuv", False,
     "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training batch, for networks "
@@ -62,7 +57,6 @@ flags.DEFINE_bool(
     "trace time independent of depth (keras_skipinit.looped).",
 )
 flags.DEFINE_bool("remat", False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
-flags.DEFINE_float("nf_beta", None, "NF-ResNet branch scale beta for normalization=nf (default 0.2).")
 flags.DEFINE_enum("shortcut", None, list(cifar_resnet.SHORTCUTS),
                   "--model=cifar_resnet: A, parameter-free zero-padding shortcuts (default, He et al. 2016 §4.2), "
                   "or B, 1x1 projections where the shape changes.")
@@ -150,7 +144,7 @@ def main(argv):
         print(f"{_cli.program('train.py')}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a filesystem gone read-only: files are renamed into place, none half-made
-        print(f"{_cli.program('train.py')}: error: cannot write the run: {run_dir.one_line(e)}. Nothing half-written "
+        print(f"{_cli.program('train.py')}: error: cannot write the run: {files.one_line(e)}. Nothing half-written "
               "is kept; run the same command to resume from its last checkpoint once it can write", file=sys.stderr)
         return 5
     if results["status"] == "interrupted":
@@ -202,8 +196,8 @@ def _export(config, name, results_path):
     except (ValueError, OSError) as e:
         print(f"{_cli.program('train.py')}: export failed (the run's results are kept in {results_path}): {e}", file=sys.stderr)
         return 4
-    results = run_dir.read_json(results_path)
-    run_dir.write_json(results_path, {**results, "export_path": path})
+    results = files.read_json(results_path)
+    files.write_json(results_path, {**results, "export_path": path})
     print(f"Exported {source} to {path}")
     return 0
 

@@ -31,7 +31,7 @@ import time
 
 import keras
 
-from keras_skipinit import applications, data as data_lib, distribute, lsuv, machine, run_dir, schedules
+from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, run_dir, schedules
 from keras_skipinit.callbacks import EpochProgress, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
@@ -87,9 +87,7 @@ def validate(config):
     """Raises ValueError naming the allowed values for any bad setting."""
     c = config
     arch = applications.architecture(c.model)
-    norm_lib.check_method(c.normalization, preactivation=arch.preactivation, names={"virtual_batch_size": "ghost_batch_size"},
-                          virtual_batch_size=c.ghost_batch_size, bn_momentum=c.bn_momentum, alpha_init=c.alpha_init,
-                          nf_beta=c.nf_beta)
+    norm_lib.check_method(c.normalization, preactivation=arch.preactivation, names=_OPTION_FLAGS, **method_options(c))
     applications.registry.check_options(c.model, shortcut=c.shortcut, stem_init=c.stem_init)
     arch.check_depth(c.depth)  # before the model_dir is made: a refused depth leaves nothing
     if arch.takes_width and (isinstance(c.width, bool) or not isinstance(c.width, int) or c.width < 1):
@@ -112,7 +110,7 @@ def validate(config):
         raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
     if c.steps_per_epoch is not None and c.steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
-    if c.lsuv and c.normalization in ("batchnorm", "ghost_batchnorm", "nf"):
+    if c.lsuv and norm_lib.METHODS[c.normalization].normalizes:
         raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
     if c.batch_size % c.accumulation_steps:
         raise ValueError(
@@ -127,14 +125,20 @@ def validate(config):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+_OPTION_FLAGS = {name: option.flag for name, option in norm_lib.OPTIONS.items()}
+
+
+def method_options(config):
+    """The method's options (`normalization.OPTIONS`) as the config sets them."""
+    return {name: getattr(config, flag) for name, flag in _OPTION_FLAGS.items()}
+
+
 def scalar_lr(config):
-    """The learning-rate multiplier of scalar parameters: the flag, else 0.1
-    for Fixup (its authors train multipliers and biases at lr/10 on CIFAR and
-    ImageNet alike; with the full rate Fixup WRN-16-1 diverged at lr 0.1 on
-    Fashion-MNIST in 3 of 3 seeds) and 1 for every other method."""
+    """The learning-rate multiplier of scalar parameters: the flag, else the
+    method's (`normalization.Method.scalar_lr`: 0.1 for Fixup, 1 otherwise)."""
     if config.scalar_lr_multiplier is not None:
         return config.scalar_lr_multiplier
-    return 0.1 if config.normalization == "fixup" else 1.0
+    return norm_lib.METHODS[config.normalization].scalar_lr
 
 
 def model_args(config, dataset):
@@ -146,14 +150,10 @@ def model_args(config, dataset):
         input_shape=list(dataset.input_shape),
         classes=dataset.num_classes,
         normalization=config.normalization,
-        virtual_batch_size=config.ghost_batch_size,
-        bn_momentum=config.bn_momentum,
-        alpha_init=config.alpha_init,
+        **{name: value for name, value in method_options(config).items() if value is not None},
         dropout_rate=config.dropout,
         seed=config.seed,
     )
-    if config.nf_beta is not None:  # 'nf' models only (CifarResNet has no such argument)
-        args["nf_beta"] = config.nf_beta
     if config.loop_blocks or config.remat:  # absent from specs written before the looped form
         args.update(loop_blocks=config.loop_blocks, remat=config.remat)
     arch = applications.architecture(config.model)
@@ -201,30 +201,6 @@ def compiled_model(config, dataset, steps_per_epoch):
         jit_compile=distribute.jit_compile(config.xla),
     )
     return model
-
-
-def write_model_spec(model_dir, config, dataset):
-    """What export needs to rebuild the model from a checkpoint and to put the
-    evaluation preprocessing in the serving graph; the flags, to refuse a
-    model_dir reused with other flags; and every backend the run has used,
-    in order (a run resumed on another backend continues exactly), which it
-    returns."""
-    path = os.path.join(model_dir, run_dir.SPEC)
-    backends = run_dir.read_spec(model_dir).get("backends", []) if os.path.exists(path) else []
-    if not backends or backends[-1] != distribute.backend():
-        backends.append(distribute.backend())
-    run_dir.write_json(path, {
-        "config": dataclasses.asdict(config),
-        "model": model_args(config, dataset),
-        "preprocessing": preprocessing(dataset),
-        "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
-        "backends": backends,
-    })
-    return backends
-
-
-def preprocessing(dataset):
-    return "imagenet" if dataset.style == "imagenet" else "standardize"
 
 
 def add_l2(model, coefficient):
@@ -306,12 +282,13 @@ def _train(config, strategy, out_dir, start, interrupt):
     with strategy.scope():
         model = compiled_model(config, dataset, steps_per_epoch)
         _note_ghost_batches(model, distribute.model_batch(strategy, micro_batch), chief)
-        for warning in (check_memory(model, micro_batch // replicas, config.ignore_memory_check),
+        for warning in (memory.check_memory(model, micro_batch // replicas, config.ignore_memory_check),
                         machine.bfloat16_warning(config.mixed_precision, distribute.on_gpu())):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
-        backends = write_model_spec(out_dir, config, dataset)
+        backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, dataset), dataset,
+                                      distribute.backend())
         checkpoint = run_dir.Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
@@ -338,7 +315,7 @@ def _train(config, strategy, out_dir, start, interrupt):
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
-    # length, and then warns "Your input ran out of data" at its normal end (issue 32.7).
+    # length, and then warns "Your input ran out of data" at its normal end.
     eval_steps = int(eval_ds.cardinality())
     eval_steps = eval_steps if eval_steps > 0 else None
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
@@ -373,12 +350,12 @@ def _train(config, strategy, out_dir, start, interrupt):
             if diverged:
                 break
             logs = {k: v[-1] for k, v in history.history.items()}
-        else:  # a checkpoint at the epoch's last step (versions before issue 32): its updates are done
+        else:  # a checkpoint at the epoch's last step (written by older versions): its updates are done
             with strategy.scope():
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
                 logs = {**(partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
         epoch, skip, partial_logs = epoch + 1, 0, None
-        rows.append({"epoch": epoch, "lr": _current_lr(model), **logs})
+        rows.append({"epoch": epoch, "lr": float(model.optimizer.learning_rate), **logs})
         save(epoch, 0)
         run_dir.write_history(out_dir, rows)
         # The validation at the end of the last epoch saw the final weights.
@@ -396,31 +373,17 @@ def _train(config, strategy, out_dir, start, interrupt):
     else:  # every epoch was trained before this process (e.g. killed before results.json)
         with strategy.scope():
             metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
-    train_ce = rows[-1].get("cross_entropy") if rows and not diverged else None
-    results = {
-        "status": "diverged" if diverged else "completed",
-        "diverged_at": diverged,
-        # Named by split: eval_* on `eval_split`; test_* as well only when that is the test set.
-        **{f"{prefix}_{name}": metrics.get(name)
-           for prefix in ("eval", "test")[: 2 if dataset.eval_split == "test" else 1]
-           for name in ("top1", "top5", "cross_entropy")},
-        "train_cross_entropy": train_ce,
-        "final_lr": _current_lr(model),
-        "epochs_completed": epoch,
-        "replicas": replicas,
-        "workers": distribute.num_workers(strategy),
-        "chief": chief,
-        "wall_time_s": earlier_s + time.time() - start,  # every process of the run, up to its checkpoint
-        "backend": distribute.backend(),  # the one that finished the run
-        "backends": backends,  # every one it used
-        "num_train": dataset.num_train,
-        "num_test": dataset.num_test,
-        "eval_split": dataset.eval_split,  # 'validation': eval_* are on the held-out training examples
-        "config": dataclasses.asdict(config),
-    }
+    results = run_dir.results_record(
+        dataclasses.asdict(config), dataset, metrics, diverged,
+        train_cross_entropy=rows[-1].get("cross_entropy") if rows and not diverged else None,
+        final_lr=float(model.optimizer.learning_rate),  # evaluates the schedule at the current step
+        epochs_completed=epoch, replicas=replicas, workers=distribute.num_workers(strategy), chief=chief,
+        wall_time_s=earlier_s + time.time() - start,  # every process of the run, up to its checkpoint
+        backend=distribute.backend(),  # the one that finished the run
+        backends=backends)  # every one it used
     if not diverged:
-        run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), preprocessing(dataset))
-    run_dir.write_json(os.path.join(out_dir, run_dir.RESULTS), run_dir.strict_json(results))
+        run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), dataset.preprocessing)
+    files.write_json(os.path.join(out_dir, run_dir.RESULTS), results)
     return results
 
 
@@ -429,35 +392,6 @@ def _interrupted(interrupt, epoch, step, steps, chief):
     checkpoint is there); results.json is not written."""
     return {"status": "interrupted", "signal": interrupt.signal, "epoch": epoch + 1, "step_in_epoch": step,
             "steps_per_epoch": steps, "chief": chief}
-
-
-def activation_bytes(model, batch):
-    """A lower bound on a training step's activation memory: every layer's
-    output, kept for the backward pass, at the compute dtype (a looped stage
-    counts one output per block)."""
-    itemsize = 2 if keras.config.dtype_policy().compute_dtype in ("bfloat16", "float16") else 4
-    total = 0
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        outputs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
-        blocks = len(getattr(layer, "prefixes", ())) or 1  # looped.RepeatedBlocks
-        total += blocks * sum(math.prod(o.shape[1:]) for o in outputs)
-    return total * batch * itemsize
-
-
-def check_memory(model, per_replica_batch, ignore=False):
-    """Refuses (ValueError) a CPU run whose step's activations alone exceed
-    the memory available, unless `ignore` (--ignore_memory_check): then a
-    warning. Returns the warning, or None."""
-    if distribute.on_gpu():
-        return None
-    why = machine.memory_shortfall(activation_bytes(model, per_replica_batch), per_replica_batch)
-    if why is None:
-        return None
-    if not ignore:
-        raise ValueError(f"{why}; --ignore_memory_check runs it anyway")
-    return f"Warning: {why}: it will likely be killed."
 
 
 def _note_ghost_batches(model, batch, chief):
@@ -478,6 +412,3 @@ def _note_ghost_batches(model, batch, chief):
 def _epochs(n):
     return f"{n} epoch" + ("" if n == 1 else "s")
 
-
-def _current_lr(model):
-    return float(model.optimizer.learning_rate)  # evaluates the schedule at the current step

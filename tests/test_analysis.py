@@ -125,6 +125,7 @@ def test_models_without_blocks_are_rejected():
         analysis.block_statistics(model, np.zeros((1, 3), "float32"))
 
 
+@pytest.mark.heavy
 def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
     """Issue 42.3 (Fixup §3): for logits f = x W, one SGD step on the mean
     cross-entropy moves them by -lr x G, G = x^T (softmax(f) - onehot) / B:

@@ -98,6 +98,7 @@ except ModuleNotFoundError:
 """
 
 
+@pytest.mark.heavy
 def test_import_and_models_without_tensorflow_under_jax():
     require_jax()
     proc = run_jax(["-c", NO_TENSORFLOW])
@@ -121,6 +122,7 @@ print("done")
 CROSS_NORMALIZATIONS = ["batchnorm", "ghost_batchnorm", "skipinit", "regularized_skipinit", "fixup", "nf"]
 
 
+@pytest.mark.heavy
 def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path):
     """Same weights, same function: a model saved under TensorFlow loads under
     JAX with outputs equal within float32 round-off (1e-4 relative), in
@@ -168,6 +170,7 @@ print("done")
 SGD_NORMALIZATIONS = ["batchnorm", "skipinit", "fixup"]
 
 
+@pytest.mark.heavy
 def test_sgd_steps_on_jax_equal_tensorflow_weight_by_weight(tmp_path):
     """Issue 20: the papers' optimizer (heavy-ball SGD, Fixup's lr/10 for
     scalars), the L2 term and the schedule (halved from the 3rd of 4 updates)
@@ -277,6 +280,7 @@ print("done")
 """
 
 
+@pytest.mark.heavy
 def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_path):
     """The issue's command (2 epochs on the embedded digits) learns on JAX;
     --export_dir exports the JAX-trained run on TensorFlow, whose SavedModel
@@ -300,6 +304,7 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
                                np.load(tmp_path / "jax_probabilities.npy"), atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_the_sweep_runs_on_jax(tmp_path):
     """The sweep trains through the same `training.train`: its runs record
     the JAX backend, and a second call resumes (nothing left to run)."""
@@ -314,6 +319,7 @@ def test_the_sweep_runs_on_jax(tmp_path):
     assert proc.returncode == 0 and len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.heavy
 def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     """Checkpoints are Keras weight files (model and optimizer state): a run
     that trained its first epoch on TensorFlow continues on JAX from there,
@@ -332,6 +338,7 @@ def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     assert int(keras.models.load_model(tmp_path / "run" / "model.keras").optimizer.iterations) == 6
 
 
+@pytest.mark.heavy
 def test_a_process_whose_coordinator_never_comes_says_so_and_stops_in_time(tmp_path):
     """Issue 32.7: it waited silently. Process 1 of 2, nothing listening at the coordinator's address."""
     require_jax()
@@ -355,6 +362,7 @@ def test_a_process_whose_coordinator_never_comes_says_so_and_stops_in_time(tmp_p
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.heavy
 def test_train_py_on_jax_starts_without_tensorflow_start_up_lines():
     """Issue 32.8: on JAX, tf.data's TensorFlow printed its C++ start-up lines (cuInit's among them)."""
     require_jax()

@@ -166,6 +166,7 @@ def test_bad_arguments_raise_clear_value_errors(kwargs, match):
         apps.CifarResNet(**kwargs)
 
 
+@pytest.mark.heavy
 @tf_only
 def test_trains_from_the_trainer_and_exports_for_serving(tmp_path):
     import tensorflow as tf

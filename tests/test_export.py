@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_cli_cases
-from keras_skipinit import applications as apps, data, layers as ks_layers, run_dir, serving, training
+from keras_skipinit import applications as apps, inference, layers as ks_layers, preprocessing, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)
@@ -37,7 +37,7 @@ def test_folding_removes_the_affine_layers(make):
     model = make()
     x = RNG.standard_normal((4,) + model.input_shape[1:]).astype("float32")
     perturbed(model, x)
-    folded = serving.fold(model)
+    folded = inference.fold(model)
     # Tolerance: float32 reassociation of (W*s) x vs s*(W x), relative 1e-5.
     np.testing.assert_allclose(folded(x), model(x), rtol=1e-4, atol=1e-6)
     left = [layer for layer in folded.layers if isinstance(layer, keras.layers.BatchNormalization)]
@@ -46,16 +46,16 @@ def test_folding_removes_the_affine_layers(make):
     # Every SkipInit alpha / Fixup multiplier ends a branch right after a conv.
     for layer in model.layers:
         if isinstance(layer, ks_layers.SkipInitScale):
-            assert isinstance(folded.get_layer(layer.name), serving.FoldedAway), layer.name
+            assert isinstance(folded.get_layer(layer.name), inference.FoldedAway), layer.name
 
 
 def test_fixup_input_bias_folds_only_into_1x1_convs():
     model = perturbed(apps.ResNet50V1(input_shape=(48, 48, 3), classes=5, normalization="fixup", seed=0),
                       RNG.standard_normal((2, 48, 48, 3)).astype("float32"))
-    folded = serving.fold(model)
-    assert isinstance(folded.get_layer("conv2_block1_1_conv_bias"), serving.FoldedAway)  # 1x1
+    folded = inference.fold(model)
+    assert isinstance(folded.get_layer("conv2_block1_1_conv_bias"), inference.FoldedAway)  # 1x1
     assert isinstance(folded.get_layer("conv2_block1_2_conv_bias"), keras.layers.Layer)
-    assert not isinstance(folded.get_layer("conv2_block1_2_conv_bias"), serving.FoldedAway)  # 3x3: kept
+    assert not isinstance(folded.get_layer("conv2_block1_2_conv_bias"), inference.FoldedAway)  # 3x3: kept
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,7 @@ def test_layout_versions_and_overwrite(exported, tmp_path):
         serving.export(model, str(base), "bad/name")
 
 
+@pytest.mark.heavy
 def test_an_export_killed_while_overwriting_leaves_the_old_version_served(exported, tmp_path, monkeypatch):
     """Issue 45.4: the new version is built beside the old one and swapped in;
     a failure (or kill) while building leaves the old version whole."""
@@ -152,6 +153,7 @@ def serve_without_the_package(images, paths, folder):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_signatures_without_the_package_tf2_and_tf1(exported, tmp_path):
     _, path, _, images, expected = exported
     (out,) = serve_without_the_package(images, [path], tmp_path)
@@ -161,6 +163,7 @@ def test_signatures_without_the_package_tf2_and_tf1(exported, tmp_path):
     np.testing.assert_array_equal(np.array(out["tf2_top"])[:, 0], expected.argmax(-1))
 
 
+@pytest.mark.heavy
 def test_saved_model_cli_lists_the_signatures(exported):
     _, path, _, _, _ = exported
     # TensorFlow's own console script, next to this interpreter (the venv may not be on PATH)
@@ -191,6 +194,7 @@ def run_export(*flags):
                           env=env, cwd=ROOT)
 
 
+@pytest.mark.heavy
 def test_cli_errors_are_one_line(tmp_path):
     """Exit status 2, one line, no traceback; unsafe model names are refused
     before the model is loaded (the source does not exist, and that is not what is said)."""
@@ -235,6 +239,7 @@ def test_empty_batches_give_empty_outputs(exported):
         assert out["probabilities"].shape == (0, classes) and out["top_k_classes"].shape == (0, 5), name
 
 
+@pytest.mark.heavy
 def test_preprocessing_travels_inside_the_keras_file(tmp_path):
     """An ImageNet-style model must be served with ImageNet preprocessing
     (resize-256, center-crop 224, mean/std), read from the .keras file."""
@@ -242,17 +247,17 @@ def test_preprocessing_travels_inside_the_keras_file(tmp_path):
                             seed=0)  # the preprocessing is the model's input, not its architecture
     path = str(tmp_path / "imagenet_style.keras")
     run_dir.save_model(model, path, "imagenet")
-    loaded, preprocessing, _ = serving.load_source(path)
-    assert preprocessing == "imagenet"
+    loaded, recorded, _ = serving.load_source(path)
+    assert recorded == "imagenet"
     plain = str(tmp_path / "plain.keras")
     model.save(plain)  # not saved by train.py: no record
     with pytest.raises(ValueError, match="does not record the preprocessing.*--preprocessing"):
         serving.load_source(plain)
     assert serving.load_source(plain, "imagenet")[1] == "imagenet"
-    exported = serving.export(loaded, str(tmp_path / "serving"), "inet", preprocessing=preprocessing, fold_layers=False)
+    exported = serving.export(loaded, str(tmp_path / "serving"), "inet", preprocessing=recorded, fold_layers=False)
     image = RNG.integers(0, 256, (300, 260, 3)).astype("uint8")  # any size: resized and cropped in the graph
     got = tf.saved_model.load(exported).signatures["serving_default"](images=tf.constant(image[None]))["probabilities"]
-    want = model(tf.expand_dims(data.imagenet_eval_preprocess(tf.constant(image)), 0), training=False)
+    want = model(tf.expand_dims(preprocessing.get("imagenet").eval(tf.constant(image)), 0), training=False)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -298,6 +303,7 @@ print(json.dumps([plain, [load(path) for path in sys.argv[1:]]]))
 """
 
 
+@pytest.mark.heavy
 def test_loading_a_keras_file_needs_import_keras_skipinit(tmp_path):
     """Documented in README: Keras 3 imports only its own packages' modules
     named in a .keras file, so the package must be imported first; importing

@@ -50,6 +50,7 @@ def test_models_with_normalization_are_refused(normalization, match):
         lsuv.lsuv_init(model, digits(8))
 
 
+@pytest.mark.heavy
 def test_train_py_flag(tmp_path):
     from keras_skipinit import training
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import BACKEND
 from keras_skipinit import applications as apps
 from keras_skipinit.layers import ScaledWSConv2D
+from keras_skipinit import normalization as norm_lib
 from keras_skipinit.normalization import NORMALIZATIONS
 
 # The smallest member of each family, at a toy input (ResNets: 32x32, stride 32 -> 1x1).
@@ -48,9 +49,31 @@ def _perturbed(model, x, rng):
 
 @pytest.mark.parametrize("name,normalization", CASES, ids=[f"{n}-{m}" for n, m in CASES])
 def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tmp_path, toy_bottleneck_resnets):
+    _builds_trains_round_trips_and_folds(name, normalization, tmp_path)
+
+
+def test_a_method_is_one_record(monkeypatch, tmp_path):
+    """A method added by one `normalization.METHODS` record (and its layer),
+    touching no other module, passes the guarantees above and reaches
+    training's rules: the design of normalization.py, proved."""
+    from keras_skipinit import training
+
+    toy = norm_lib.Method("Layer normalization", "a test", norm=lambda recipe, name: keras.layers.LayerNormalization(
+        epsilon=1e-5, name=name), normalizes=True, scalar_lr=0.5)
+    monkeypatch.setitem(norm_lib.METHODS, "layernorm", toy)
+    for name in ("wrn_10_1", "cifar_resnet8"):  # pre- and post-activation blocks
+        model = _builds_trains_round_trips_and_folds(name, "layernorm", tmp_path / name)
+        assert [layer for layer in model.layers if isinstance(layer, keras.layers.LayerNormalization)]
+    assert training.scalar_lr(training.Config(normalization="layernorm")) == 0.5
+    with pytest.raises(ValueError, match="lsuv initializes networks without normalization"):
+        training.validate(training.Config(normalization="layernorm", lsuv=True, model_dir=str(tmp_path / "run")))
+
+
+def _builds_trains_round_trips_and_folds(name, normalization, tmp_path):
+    tmp_path.mkdir(exist_ok=True)
     shape = FAMILIES[name]
     model_name, _, _ = apps.registry.parse_name(name)
-    if normalization == "nf" and not apps.ARCHITECTURES[model_name].preactivation:
+    if norm_lib.METHODS[normalization].preactivation_only and not apps.ARCHITECTURES[model_name].preactivation:
         with pytest.raises(ValueError, match="needs pre-activation blocks"):
             apps.create_model(name, input_shape=shape, normalization=normalization)
         return
@@ -80,12 +103,13 @@ def test_every_model_builds_trains_round_trips_and_folds(name, normalization, tm
     assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in model.layers]
     np.testing.assert_allclose(loaded(x, training=False), want, atol=1e-6)
     if BACKEND == "tensorflow":  # serving is TensorFlow code
-        from keras_skipinit import serving
+        from keras_skipinit import inference
 
-        folded = serving.fold(model)  # float32 reassociation of (W*s) x vs s*(W x) only
+        folded = inference.fold(model)  # float32 reassociation of (W*s) x vs s*(W x) only
         np.testing.assert_allclose(folded(x), want, rtol=1e-4, atol=1e-6)
         # NF's weight-standardized convs become plain convs (exporters and runtimes know those).
         assert not [layer for layer in folded.layers if isinstance(layer, ScaledWSConv2D)]
+    return model
 
 
 # Where each family's stages end, by the layer names keras.applications uses (ResNet-V2

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import train_py_in_process
-from keras_skipinit import _startup, applications as apps, run_dir, serving, training
+from keras_skipinit import _startup, applications as apps, files, run_dir, serving, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -100,7 +100,7 @@ def test_no_readable_checkpoint_is_one_error_naming_the_files(tmp_path):
 
 
 def test_results_are_strict_json():
-    value = run_dir.strict_json({"loss": float("nan"), "x": [np.float32(1.5), float("inf")], "n": np.int64(3)})
+    value = files.strict_json({"loss": float("nan"), "x": [np.float32(1.5), float("inf")], "n": np.int64(3)})
     assert json.loads(json.dumps(value, allow_nan=False)) == {"loss": None, "x": [1.5, None], "n": 3}
 
 
@@ -153,6 +153,7 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
         assert named in str(info.value) and len(str(info.value)) < 400
 
 
+@pytest.mark.heavy
 def test_raising_epochs_continues_and_restart_starts_over(tmp_path):
     model_dir = str(tmp_path / "run")
     base = dict(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=model_dir)
@@ -166,6 +167,7 @@ def test_raising_epochs_continues_and_restart_starts_over(tmp_path):
     assert len(open(os.path.join(model_dir, "history.csv")).read().splitlines()) == 2
 
 
+@pytest.mark.heavy
 def test_a_model_dir_is_held_by_one_process_at_a_time(tmp_path):
     """A second run on a model_dir that a train.py process holds refuses at
     once, naming the holder; a killed holder leaves no stale lock. (The second
@@ -235,6 +237,7 @@ def test_bad_model_and_export_dirs_are_one_line_errors_before_training(tmp_path,
 # --- --export_dir ------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
     model_dir = tmp_path / "wrn10_lr=0.05"
     assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 0
@@ -243,6 +246,7 @@ def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
     assert json.loads((model_dir / "results.json").read_text())["export_path"] == str(exported)
 
 
+@pytest.mark.heavy
 def test_an_export_failure_after_training_keeps_the_results(tmp_path, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
@@ -258,6 +262,7 @@ def test_an_export_failure_after_training_keeps_the_results(tmp_path, monkeypatc
 # --- installed commands ----------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("command,module", [("keras-skipinit-train", "train_cli"), ("keras-skipinit-export", "export_cli")])
 def test_console_commands_resolve_and_run_help(command, module):
     from importlib import metadata
@@ -291,6 +296,7 @@ def full_disk(tmp_path):
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.mark.heavy
 def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_disk, capsys):
     """Issue 45.5: a model_dir on a full disk: one line, exit 5, no partial
     checkpoint; --export_dir on a full disk: exit 4, results kept, no
@@ -305,6 +311,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_
     assert os.listdir(full_disk / "serving" / "run") == []
 
 
+@pytest.mark.heavy
 def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_path, capsys):
     from keras_skipinit import serving
 
@@ -331,6 +338,7 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
     ["-m", "keras_skipinit.analysis", "--no_such_flag"],  # warned about its own import (issue 46.8)
     [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
 ])
+@pytest.mark.heavy
 def test_commands_start_without_tensorflow_start_up_lines(command):
     """They printed TensorFlow's C++ start-up lines (twice for train.py, with
     'failed call to cuInit' on every machine without a GPU) before the flag

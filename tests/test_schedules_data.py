@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_skipinit import data, schedules
+from keras_skipinit import data, preprocessing, schedules
 
 # --- schedules ---------------------------------------------------------------------
 
@@ -82,7 +82,7 @@ def test_cifar_augmentation_is_a_crop_of_the_padded_standardized_image():
     seen_flip = seen_shift = False
     for index in range(20):
         key = data._element_seed(0, 0, index)
-        out = data.cifar_train_preprocess(image, key, flip=True).numpy()
+        out = preprocessing.get("standardize").train(image, key, flip=True).numpy()
         assert out.shape == (32, 32, 3)
         matches = [
             (dy, dx, f)
@@ -94,7 +94,7 @@ def test_cifar_augmentation_is_a_crop_of_the_padded_standardized_image():
         assert matches, "output is not a (flipped) crop of the padded image"
         seen_flip |= any(f for _, _, f in matches)
         seen_shift |= any((dy, dx) != (4, 4) for dy, dx, _ in matches)
-        again = data.cifar_train_preprocess(image, key, flip=True).numpy()
+        again = preprocessing.get("standardize").train(image, key, flip=True).numpy()
         np.testing.assert_array_equal(out, again)  # stateless: same key, same output
     assert seen_flip and seen_shift
     np.testing.assert_allclose(standardized.mean(), 0, atol=1e-5)
@@ -105,21 +105,21 @@ def test_no_flip_for_digits():
     image = tf.constant(np.arange(28 * 28).reshape(28, 28, 1) % 255, tf.uint8)
     standardized = tf.image.per_image_standardization(image).numpy()
     for index in range(10):
-        out = data.cifar_train_preprocess(image, data._element_seed(1, 0, index), flip=False).numpy()
+        out = preprocessing.get("standardize").train(image, data._element_seed(1, 0, index), flip=False).numpy()
         padded = np.pad(standardized, ((4, 4), (4, 4), (0, 0)))
         assert any(np.allclose(out, padded[dy : dy + 28, dx : dx + 28]) for dy in range(9) for dx in range(9))
 
 
 def test_imagenet_preprocessing_shapes_and_center_crop():
     image = tf.constant(np.random.default_rng(0).integers(0, 255, (300, 400, 3)), tf.uint8)
-    train = data.imagenet_train_preprocess(image, data._element_seed(0, 0, 0))
+    train = preprocessing.get("imagenet").train(image, data._element_seed(0, 0, 0), True)
     assert train.shape == (224, 224, 3)
-    evaluated = data.imagenet_eval_preprocess(image).numpy()
+    evaluated = preprocessing.get("imagenet").eval(image).numpy()
     assert evaluated.shape == (224, 224, 3)
     # Shorter side resized 300 -> 256 (400 -> 341), then the central 224x224.
     resized = tf.image.resize(image, [256, 341]).numpy()
     top, left = (256 - 224) // 2, (341 - 224) // 2
-    want = (resized[top : top + 224, left : left + 224] - data.IMAGENET_MEAN) / data.IMAGENET_STD
+    want = (resized[top : top + 224, left : left + 224] - preprocessing.IMAGENET_MEAN) / preprocessing.IMAGENET_STD
     np.testing.assert_allclose(evaluated, want, atol=1e-4)
 
 
@@ -213,7 +213,7 @@ def test_validation_examples_are_the_last_training_examples_and_never_trained_on
 def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=64):
         ds = data.load("cifar10")
-        assert (ds.style, ds.num_classes, ds.input_shape, ds.flip) == ("cifar", 10, (32, 32, 3), True)
+        assert (ds.preprocessing, ds.num_classes, ds.input_shape, ds.flip) == ("standardize", 10, (32, 32, 3), True)
         x, y = next(iter(data.train_pipeline(ds, 16, epoch=0)))
         assert x.shape == (16, 32, 32, 3) and y.shape == (16, 10)
         xe, _ = next(iter(data.eval_pipeline(ds, 8)))
@@ -223,7 +223,7 @@ def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
 def test_tfds_imagenet_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=4):
         ds = data.load("imagenet2012")
-        assert ds.style == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
+        assert ds.preprocessing == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
         x, y = next(iter(data.train_pipeline(ds, 2, epoch=0)))
         assert x.shape == (2, 224, 224, 3) and y.shape == (2, 1000)
 

@@ -238,6 +238,7 @@ def test_every_presets_documented_command_reports_its_committed_runs_unchanged(t
     assert len(reported) >= 8
 
 
+@pytest.mark.heavy
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
     args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
             "--best_k=1", "--protocol=depth", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}",
@@ -274,6 +275,7 @@ def test_cli_rejects_bad_settings(tmp_path):
             sweep.main([*bad, f"--out={tmp_path}"])
 
 
+@pytest.mark.heavy
 def test_tiny_real_sweep_end_to_end(tmp_path):
     args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-4,20", "--seeds=1", "--best_k=1", "--epochs=1",
             "--steps_per_epoch=2", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]

@@ -68,6 +68,7 @@ def lines(out):
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
+@pytest.mark.heavy
 def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(tmp_path):
     require_ray()
     out = tmp_path / "sweep"
@@ -91,6 +92,7 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(
     assert not noise, noise[:5]
 
 
+@pytest.mark.heavy
 def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
     """A 2-run sweep on Ray whose driver is killed mid-run: the same command
     again completes it (finished runs kept, cut-off runs resumed), and its
@@ -127,6 +129,7 @@ def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
         assert pair["ray"]["train_cross_entropy"] == pytest.approx(pair["seq"]["train_cross_entropy"], rel=1e-3)
 
 
+@pytest.mark.heavy
 def test_a_cluster_that_is_not_there_or_too_small_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     """Issue 32.9: ray.init retried a dead address without end; a run asking for more than the
     cluster has waited forever in silence."""

@@ -61,6 +61,7 @@ def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_
     np.testing.assert_array_equal(np.bincount(labels), [1000] * 10)
 
 
+@pytest.mark.heavy
 def test_training_on_real_fashion_mnist_through_train_py(fashion_mnist_data_dir, tmp_path):
     """64 updates on 2,048 real images. Seeds 0-4 on one machine: final
     training cross-entropy 0.89-0.95 (from ln 10 = 2.30), test top-1
@@ -75,6 +76,7 @@ def test_training_on_real_fashion_mnist_through_train_py(fashion_mnist_data_dir,
     assert results["test_top1"] > 0.45, results
 
 
+@pytest.mark.heavy
 def test_fashion_mnist_validation_split_is_the_last_5000_training_images(fashion_mnist_data_dir):
     ds = data.load("fashion_mnist", fashion_mnist_data_dir, validation_examples=5000)
     assert (ds.num_train, ds.num_test, ds.eval_split) == (55000, 5000, "validation")
@@ -134,6 +136,7 @@ def test_unknown_dataset_suggests_close_names():
     assert len(str(info.value)) < 300
 
 
+@pytest.mark.heavy
 def test_cli_cifar10_offline_is_one_line_no_traceback(tmp_path):
     proc = run_train_offline("--dataset=cifar10", f"--data_dir={tmp_path}/tfds", f"--model_dir={tmp_path}/run")
     assert proc.returncode == 2

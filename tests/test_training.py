@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKEND, run_cli_cases, tf_only, train_py_in_process
-from keras_skipinit import applications as apps, data as data_lib, distribute, machine, run_dir, schedules, training
+from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(depth=10, width=1, verbose=0)
@@ -105,20 +105,20 @@ def test_activation_memory_is_every_layer_output_and_refused_beyond_the_memory(m
     conv = keras.layers.Conv2D(3, 3, padding="same")(inputs)  # 108 per image
     pooled = keras.layers.GlobalAveragePooling2D()(conv)  # 3
     model = keras.Model(inputs, keras.layers.Dense(5)(pooled))  # 5
-    assert training.activation_bytes(model, 10) == 10 * (108 + 3 + 5) * 4
+    assert memory.activation_bytes(model, 10) == 10 * (108 + 3 + 5) * 4
     monkeypatch.setattr(machine, "available_memory_bytes", lambda: 10 * 116 * 4 - 1)
     with pytest.raises(ValueError, match="needs at least .* --ignore_memory_check runs it anyway"):
-        training.check_memory(model, 10)
-    assert training.check_memory(model, 9) is None
-    assert "will likely be killed" in training.check_memory(model, 10, ignore=True)
+        memory.check_memory(model, 10)
+    assert memory.check_memory(model, 9) is None
+    assert "will likely be killed" in memory.check_memory(model, 10, ignore=True)
     # A refused run leaves no model_dir behind (it would hold only its lock file).
     with pytest.raises(ValueError, match="needs at least"):
         training.train(small_config(tmp_path, steps_per_epoch=2))
     assert not os.path.exists(tmp_path / "run")
     looped = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3, loop_blocks=True)
     unrolled = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3)
-    assert training.activation_bytes(looped, 1) <= training.activation_bytes(unrolled, 1)
-    assert training.activation_bytes(looped, 1) >= 6 * 8 * 8 * 16  # each block's output at least
+    assert memory.activation_bytes(looped, 1) <= memory.activation_bytes(unrolled, 1)
+    assert memory.activation_bytes(looped, 1) >= 6 * 8 * 8 * 16  # each block's output at least
 
 
 @pytest.mark.parametrize("kind", ["cifar", "imagenet", "constant"])
@@ -141,6 +141,7 @@ def test_schedule_follows_updates_not_micro_batches(kind):
     assert float(keras.ops.convert_to_numpy(w)[0]) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.heavy
 def test_accumulation_logs_the_schedule_of_updates(tmp_path):
     """The case reported: --accumulation_steps=2 --epochs=2 logged 2.44e-05
     after epoch 1 (the end of training) instead of 0.025."""
@@ -161,6 +162,7 @@ def test_epochs_longer_than_the_data_repeat_it(tmp_path):
     assert int(model.optimizer.iterations) == 14 and results["num_train"] == 96
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("ghost,batch,note", [(None, 32, "each is one ghost batch"), (24, 64, "has 16 examples")])
 def test_ghost_batches_with_remainders_train(tmp_path, capsys, ghost, batch, note):
     """Default flags with ghost_batchnorm (ghost 64, batch 32) failed; the layer
@@ -220,6 +222,7 @@ def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     assert run_dir.eval_metric({"test_top1": 0.5, "eval_split": "validation"}, "top1") == 0.5
 
 
+@pytest.mark.heavy
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
     common = dict(normalization="skipinit", alpha_init="one", epochs=1, steps_per_epoch=2, schedule="constant",
                   learning_rate=0.05, batch_size=32)
@@ -291,6 +294,7 @@ BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), 
              ("--no_such_flag=1", "no_such_flag"), ("stray", "unexpected arguments: stray")]  # issue 46.7: usage, exit 1
 
 
+@pytest.mark.heavy
 def test_cli_bad_flags_give_one_line_errors():
     """Exit status 2 and one line for every bad flag (issue 32.6: absl's own
     flag errors were 'FATAL Flags parsing error', status 1). The cases share

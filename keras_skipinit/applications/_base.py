@@ -1,12 +1,15 @@
 """The keras.applications-style builder shared by every model in the zoo."""
 
+import functools
+import inspect
 import math
 import os
 import sys
+import textwrap
 
 import keras
 
-from keras_skipinit import layers as ksl, normalization as norm_lib
+from keras_skipinit import block_ops, layers as ksl, normalization as norm_lib
 
 POOLINGS = (None, "avg", "max")
 
@@ -25,31 +28,85 @@ def _check_input_shape(input_shape, default):
     return tuple(None if d is None else int(d) for d in shape)
 
 
-def build(
-    body_fn,
-    recipe_kwargs,
-    *,
-    include_top,
-    weights,
-    input_tensor,
-    input_shape,
-    pooling,
-    classes,
-    classifier_activation,
-    name,
-    default_input_shape,
-    seed,
-    pyramid_outputs=False,
-    stem_stride=1,
-):
+# keras.applications' arguments in its order, after a constructor's own leading ones (depth, ...).
+APPLICATION_ARGS = {"include_top": True, "weights": None, "input_tensor": None, "input_shape": None, "pooling": None,
+                    "classes": 1000, "classifier_activation": "softmax", "name": None}
+# Keyword-only arguments every constructor takes after its own: the method's (`normalization.KEYWORDS`), then these.
+KEYWORDS = {**norm_lib.KEYWORDS, "seed": None, "pyramid_outputs": False}
+KEYWORD_DOCS = {
+    **norm_lib.KEYWORD_DOCS,
+    "seed": "seed for the weight initializers (reproducible models)",
+    "pyramid_outputs": "with include_top=False and pooling=None, return the stage outputs as a dict "
+                       "{'P<l>': feature map at stride 2**l} (keras-hub's names), a backbone for detection and "
+                       "segmentation heads",
+}
+
+
+def _bound(fn, signature, apply_defaults=False):
+    """`fn` behind `signature`: inspect, help() and IDEs show it, and a call
+    that does not fit it is the TypeError of any Python function. `fn` gets
+    every argument by keyword (with its default if `apply_defaults`)."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if apply_defaults:
+            bound.apply_defaults()
+        return fn(**bound.arguments)
+
+    call.__signature__ = signature
+    return call
+
+
+def constructor(classes):
+    """Decorates `fn(<own arguments>, **arguments)` into a model constructor
+    with keras.applications' arguments (`classes` its default) after its own
+    positional ones and the shared `KEYWORDS` after its own keyword-only
+    ones: one real signature written once for every model (documented at the
+    end of each docstring). `fn` receives every argument, defaults applied."""
+    P = inspect.Parameter
+
+    def decorate(fn):
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not P.VAR_KEYWORD]
+        defaults = {**APPLICATION_ARGS, "classes": classes}
+        signature = inspect.Signature(
+            [p for p in own if p.kind is P.POSITIONAL_OR_KEYWORD]
+            + [P(name, P.POSITIONAL_OR_KEYWORD, default=value) for name, value in defaults.items()]
+            + [p for p in own if p.kind is P.KEYWORD_ONLY]
+            + [P(name, P.KEYWORD_ONLY, default=value) for name, value in KEYWORDS.items()])
+
+        make = _bound(fn, signature, apply_defaults=True)
+        make.__doc__ = inspect.cleandoc(fn.__doc__ or "") + "\n\nKeyword-only arguments of every model:\n" + "".join(
+            textwrap.fill(f"{name}: {doc}.", 100, initial_indent="  ", subsequent_indent="    ") + "\n"
+            for name, doc in KEYWORD_DOCS.items()) + "\nReturns:\n  A Keras `Model` instance.\n"
+        return make
+
+    return decorate
+
+
+def variant(make, **fixed):
+    """`make` with the arguments `fixed` (ResNet50V2 is ResNet with depth 50
+    and version 2): the signature without them."""
+    signature = inspect.signature(make)
+    signature = signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in fixed])
+    return _bound(lambda **arguments: make(**fixed, **arguments), signature)
+
+
+def build(body_fn, arguments, *, context, default_name, default_input_shape, stem_stride):
     """Validates the common arguments, resolves the recipe, builds the model.
 
+    ``arguments``: `APPLICATION_ARGS` and `KEYWORDS`, as the constructor got
+    them; ``context``: the architecture, for the method (`normalization.Context`).
     ``body_fn(inputs, ops)`` returns the final feature map (after the last
     activation); the head here is global pooling + the classifier. With
     `pyramid_outputs` (and include_top=False, pooling=None) the model returns
     the stage outputs instead, `pyramid(...)`; `stem_stride` is the stride of
     the body's first residual block input.
     """
+    method = dict(arguments)
+    include_top, weights, input_tensor, input_shape, pooling, classes, classifier_activation, name = (
+        method.pop(key) for key in APPLICATION_ARGS)
+    seed, pyramid_outputs = method.pop("seed"), method.pop("pyramid_outputs")
     if not isinstance(include_top, bool):
         raise ValueError(f"include_top must be True or False, got {include_top!r}.")
     if not isinstance(pyramid_outputs, bool):
@@ -67,7 +124,7 @@ def build(
     if include_top and (not ksl._is_int(classes) or classes < 1):
         raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
     classes = int(classes) if include_top else classes
-    recipe = norm_lib.resolve(**recipe_kwargs)
+    recipe = norm_lib.resolve(method.pop("normalization"), context, **method)
     # Keras walks the functional graph recursively (a few frames per layer):
     # 1000-layer nets need far more than Python's default limit of 1000.
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000 + 60 * recipe.num_blocks))
@@ -81,7 +138,7 @@ def build(
     else:
         raise ValueError(f"input_tensor must be a Keras tensor (keras.Input), got {type(input_tensor).__name__}.")
 
-    ops = norm_lib.BlockOps(recipe, seed=seed)
+    ops = block_ops.BlockOps(recipe, seed=seed)
     x = body_fn(x, ops)
     if pyramid_outputs:
         x = pyramid(ops.block_outputs, x, stem_stride)
@@ -92,7 +149,7 @@ def build(
         x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     elif pooling == "max":
         x = keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
-    model = keras.Model(inputs, x, name=name)
+    model = keras.Model(inputs, x, name=name or default_name)
     if weights is not None:
         model.load_weights(weights)
     return model

@@ -19,7 +19,7 @@ L^-1/2 (m = 2), conv2 and the classifier zero. Convs are He-normal by fan-out
 
 import keras
 
-from keras_skipinit import layers as ksl
+from keras_skipinit import layers as ksl, normalization as norm_lib
 from keras_skipinit.applications import _base
 
 STAGE_WIDTHS = (16, 32, 64)
@@ -65,30 +65,8 @@ def basic_block(x, ops, filters, stride, prefix, shortcut="A"):
     return keras.layers.Activation("relu", name=prefix + "_out")(x)
 
 
-def CifarResNet(
-    depth=20,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=10,
-    classifier_activation="softmax",
-    name=None,
-    *,
-    shortcut="A",
-    stem_init="he_normal",
-    normalization="batchnorm",
-    virtual_batch_size=None,
-    bn_momentum=None,
-    alpha_init=None,
-    dropout_rate=None,
-    use_bias=None,
-    loop_blocks=False,
-    remat=False,
-    seed=None,
-    pyramid_outputs=False,
-):
+@_base.constructor(classes=10)
+def CifarResNet(depth=20, *, shortcut="A", stem_init="he_normal", **arguments):
     """ResNet-`depth` for CIFAR (depth = 6n+2: 20, 32, 44, 56, 110, 1202, ...).
 
     Arguments as `keras_skipinit.applications.ResNet` (a V1 network: SkipInit
@@ -122,34 +100,7 @@ def CifarResNet(
         x = ops.act(ops.norm(x, "stem_bn"), "stem_relu")
         return ops.stack(x, specs, block)
 
-    recipe_kwargs = dict(
-        normalization=normalization,
-        num_blocks=len(specs),
-        branch_layers=BRANCH_LAYERS,
-        virtual_batch_size=virtual_batch_size,
-        default_virtual_batch_size=64,
-        bn_momentum=bn_momentum,
-        alpha_init=alpha_init,
-        use_bias=use_bias,
-        dropout_rate=dropout_rate,
-        default_regularized_dropout=0.6,
-        v1=True,
-        loop_blocks=loop_blocks,
-        remat=remat,
-    )
-    return _base.build(
-        body,
-        recipe_kwargs,
-        include_top=include_top,
-        weights=weights,
-        input_tensor=input_tensor,
-        input_shape=input_shape,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        name=name or f"cifar_resnet{depth}",
-        default_input_shape=(32, 32, 3),
-        seed=seed,
-        pyramid_outputs=pyramid_outputs,
-        stem_stride=1,
-    )
+    context = norm_lib.Context(num_blocks=len(specs), branch_layers=BRANCH_LAYERS, v1=True,
+                               default_virtual_batch_size=64, default_regularized_dropout=0.6)
+    return _base.build(body, arguments, context=context, default_name=f"cifar_resnet{depth}",
+                       default_input_shape=(32, 32, 3), stem_stride=1)

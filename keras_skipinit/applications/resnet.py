@@ -9,6 +9,7 @@ App. G, keras.applications); V1 in the first block of the last three stages.
 
 import keras
 
+from keras_skipinit import normalization as norm_lib
 from keras_skipinit.applications import _base
 
 BLOCKS_PER_STAGE = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
@@ -83,140 +84,34 @@ def _body(depth, version):
     return body
 
 
-def ResNet(
-    depth,
-    version,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    *,
-    normalization="batchnorm",
-    virtual_batch_size=None,
-    bn_momentum=None,
-    alpha_init=None,
-    dropout_rate=None,
-    use_bias=None,
-    nf_beta=None,
-    loop_blocks=False,
-    remat=False,
-    seed=None,
-    pyramid_outputs=False,
-):
+@_base.constructor(classes=1000)
+def ResNet(depth, version, **arguments):
     """A bottleneck ResNet of `depth` (50, 101, 152), `version` 1 or 2.
 
-    Args follow keras.applications; in addition:
-      normalization: one of `keras_skipinit.normalization.NORMALIZATIONS`.
-      virtual_batch_size: ghost batch size for 'ghost_batchnorm' (default
-        256, the paper's ImageNet value, §5).
-      bn_momentum: moving-average momentum of the BN statistics for
-        'batchnorm' and 'ghost_batchnorm' (default Keras' 0.99; PyTorch's
-        default momentum=0.1 is 0.9 here).
-      alpha_init: SkipInit alpha: a float or 'zero' (default), 'one',
-        'inv_sqrt_depth' (1/sqrt(d), d = number of residual blocks).
-      dropout_rate: dropout before the classifier (default 0.2 for
-        'regularized_skipinit', the paper's ImageNet value; 0 otherwise).
-      use_bias: force biases on (True) or off (False) in every conv; default:
-        keras.applications' choice, all convs for 'regularized_skipinit'
-        (§5), none for 'fixup' (scalar biases instead).
-      nf_beta: NF-ResNet branch scale beta for 'nf' (default 0.2; V2 only).
-      loop_blocks: run each stage's identical blocks as one loop over stacked
-        weights (`keras_skipinit.looped`): graph size independent of depth.
-      remat: with loop_blocks, recompute each looped block in the backward pass.
-      seed: seed for the weight initializers (reproducible models).
-      pyramid_outputs: with include_top=False and pooling=None, return the
-        stage outputs as a dict {"P2", "P3", "P4", "P5"} at strides 4, 8,
-        16, 32 (keras-hub's names: P<l> has stride 2**l), a backbone for
-        detection and segmentation heads.
+    Arguments follow keras.applications (include_top, weights, input_tensor,
+    input_shape (default (224, 224, 3)), pooling, classes (default 1000),
+    classifier_activation, name), then the keyword-only arguments below.
+    `pyramid_outputs=True`: {"P2", "P3", "P4", "P5"} at strides 4, 8, 16, 32.
     """
     if depth not in BLOCKS_PER_STAGE:
         raise ValueError(f"ResNet depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}.")
     if version not in (1, 2):
         raise ValueError(f"ResNet version must be 1 or 2, got {version!r}.")
-    recipe_kwargs = dict(
-        normalization=normalization,
-        num_blocks=sum(BLOCKS_PER_STAGE[depth]),
-        branch_layers=BRANCH_LAYERS,
-        virtual_batch_size=virtual_batch_size,
-        default_virtual_batch_size=256,
-        bn_momentum=bn_momentum,
-        alpha_init=alpha_init,
-        use_bias=use_bias,
-        dropout_rate=dropout_rate,
-        default_regularized_dropout=0.2,
-        v1=version == 1,
-        nf_beta=nf_beta,
-        loop_blocks=loop_blocks,
-        remat=remat,
-    )
-    return _base.build(
-        _body(depth, version),
-        recipe_kwargs,
-        include_top=include_top,
-        weights=weights,
-        input_tensor=input_tensor,
-        input_shape=input_shape,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        name=name or f"resnet{depth}v{version}",
-        default_input_shape=(224, 224, 3),
-        seed=seed,
-        pyramid_outputs=pyramid_outputs,
-        stem_stride=4,
-    )
-
-
-_VARIANT_DOC = """Instantiates the ResNet{depth}V{version} architecture{paper}.
-
-    Arguments as `ResNet` (keras.applications' first, then the method's),
-    without `depth` and `version`: include_top, weights, input_tensor,
-    input_shape (default (224, 224, 3)), pooling, classes (default 1000),
-    classifier_activation, name; normalization ('batchnorm', 'skipinit',
-    'fixup', ...), virtual_batch_size, bn_momentum, alpha_init, dropout_rate,
-    use_bias, nf_beta, loop_blocks, remat, seed, pyramid_outputs.
-
-    Returns:
-        A Keras `Model` instance.
-    """
+    context = norm_lib.Context(num_blocks=sum(BLOCKS_PER_STAGE[depth]), branch_layers=BRANCH_LAYERS, v1=version == 1,
+                               default_virtual_batch_size=256, default_regularized_dropout=0.2)
+    return _base.build(_body(depth, version), arguments, context=context, default_name=f"resnet{depth}v{version}",
+                       default_input_shape=(224, 224, 3), stem_stride=4)
 
 
 def _variant(depth, version):
-    paper = " (He et al. 2016a, post-activation)" if version == 1 else " (He et al. 2016b, pre-activation)"
-
-    def constructor(
-        include_top=True,
-        weights=None,
-        input_tensor=None,
-        input_shape=None,
-        pooling=None,
-        classes=1000,
-        classifier_activation="softmax",
-        name=None,
-        *,
-        normalization="batchnorm",
-        virtual_batch_size=None,
-        bn_momentum=None,
-        alpha_init=None,
-        dropout_rate=None,
-        use_bias=None,
-        nf_beta=None,
-        loop_blocks=False,
-        remat=False,
-        seed=None,
-        pyramid_outputs=False,
-    ):
-        arguments = dict(locals())
-        del arguments["depth"], arguments["version"]  # the closure's, not arguments
-        return ResNet(depth, version, **arguments)
-
+    constructor = _base.variant(ResNet, depth=depth, version=version)
     constructor.__name__ = constructor.__qualname__ = f"ResNet{depth}V{version}"
-    constructor.__doc__ = _VARIANT_DOC.format(depth=depth, version=version, paper=paper)
+    paper = " (He et al. 2016a, post-activation)" if version == 1 else " (He et al. 2016b, pre-activation)"
+    constructor.__doc__ = (f"Instantiates the ResNet{depth}V{version} architecture{paper}: `ResNet` without `depth` "
+                           f"and `version`.\n\n" + ResNet.__doc__.split("\n\n", 1)[1])
     return constructor
+
+
 ResNet50V1 = _variant(50, 1)
 ResNet101V1 = _variant(101, 1)
 ResNet152V1 = _variant(152, 1)

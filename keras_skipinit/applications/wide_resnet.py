@@ -8,7 +8,7 @@ average pooling and the classifier. The SkipInit paper trains n-2 for n in
 
 import keras
 
-from keras_skipinit import layers as ksl
+from keras_skipinit import layers as ksl, normalization as norm_lib
 from keras_skipinit.applications import _base
 
 GROUP_WIDTHS = (16, 32, 64)
@@ -47,38 +47,14 @@ def basic_block(x, ops, filters, stride, prefix):
     return keras.layers.Identity(name=prefix + "_out")(ops.merge(shortcut, y, prefix, projected=projected))
 
 
-def WideResNet(
-    depth=16,
-    width=2,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=10,
-    classifier_activation="softmax",
-    name=None,
-    *,
-    normalization="batchnorm",
-    virtual_batch_size=None,
-    bn_momentum=None,
-    alpha_init=None,
-    dropout_rate=None,
-    use_bias=None,
-    nf_beta=None,
-    loop_blocks=False,
-    remat=False,
-    seed=None,
-    pyramid_outputs=False,
-):
+@_base.constructor(classes=10)
+def WideResNet(depth=16, width=2, **arguments):
     """Wide-ResNet `depth`-`width` (depth = 6k+4, any k: 1000+ layers work).
 
     Arguments as `keras_skipinit.applications.ResNet`, with CIFAR defaults:
     input (32, 32, 3), 10 classes, ghost batch 64 (§3), dropout 0.6 for
     'regularized_skipinit' (§4); convs have no bias unless `use_bias` or the
-    method asks for them. `loop_blocks=True` builds the depth-independent
-    looped form (`keras_skipinit.looped`), `remat=True` recomputes its blocks
-    in the backward pass. `pyramid_outputs=True` (with include_top=False):
+    method asks for them. `pyramid_outputs=True` (with include_top=False):
     the three groups' outputs as {"P0", "P1", "P2"} at strides 1, 2, 4.
     """
     if not ksl._is_int(width) or width < 1:
@@ -91,34 +67,7 @@ def WideResNet(
         x = ops.stack(x, specs, basic_block)
         return ops.preact(x, "post_bn", "post_relu")
 
-    recipe_kwargs = dict(
-        normalization=normalization,
-        num_blocks=len(specs),
-        branch_layers=BRANCH_LAYERS,
-        virtual_batch_size=virtual_batch_size,
-        default_virtual_batch_size=64,
-        bn_momentum=bn_momentum,
-        alpha_init=alpha_init,
-        use_bias=use_bias,
-        dropout_rate=dropout_rate,
-        default_regularized_dropout=0.6,
-        nf_beta=nf_beta,
-        loop_blocks=loop_blocks,
-        remat=remat,
-    )
-    return _base.build(
-        body,
-        recipe_kwargs,
-        include_top=include_top,
-        weights=weights,
-        input_tensor=input_tensor,
-        input_shape=input_shape,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        name=name or f"wide_resnet{depth}_{width}",
-        default_input_shape=(32, 32, 3),
-        seed=seed,
-        pyramid_outputs=pyramid_outputs,
-        stem_stride=1,
-    )
+    context = norm_lib.Context(num_blocks=len(specs), branch_layers=BRANCH_LAYERS, v1=False,
+                               default_virtual_batch_size=64, default_regularized_dropout=0.6)
+    return _base.build(body, arguments, context=context, default_name=f"wide_resnet{depth}_{width}",
+                       default_input_shape=(32, 32, 3), stem_stride=1)

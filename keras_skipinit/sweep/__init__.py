@@ -36,13 +36,15 @@ the next round is decided from their results by the same `pending_runs`.
 
 Modules: presets (the experiments, as data), protocol (what runs next: pure
 functions of the results), log (runs.jsonl), runner (runs and records),
-report (tables, plots, summary.json), cli (flags).
+report (tables, summary.json), plots (figures), cli (flags), quantization (the
+int8 study: exports of a sweep's runs, python -m keras_skipinit.sweep.quantization).
 """
 
 from keras_skipinit.sweep.cli import main, parse_args
 from keras_skipinit.sweep.presets import METHODS, PRESETS
 from keras_skipinit.sweep.protocol import grid_edge, lr_label, next_log2_lr, pending_runs, summarize
-from keras_skipinit.sweep.report import arch, report
+from keras_skipinit.sweep.plots import arch
+from keras_skipinit.sweep.report import report
 from keras_skipinit.machine import resolve_precision
 from keras_skipinit.sweep.runner import run_sweep
 

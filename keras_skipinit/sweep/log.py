@@ -72,9 +72,9 @@ def load(path, repair=False):
 def append(path, record):
     """One whole line per record: a single write, flushed to disk before the
     writer moves on (a kill leaves at most an incomplete last line)."""
-    from keras_skipinit import run_dir
+    from keras_skipinit import files
 
     with open(path, "ab") as f:
-        f.write((json.dumps(run_dir.strict_json(record)) + "\n").encode())
+        f.write((json.dumps(files.strict_json(record)) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())

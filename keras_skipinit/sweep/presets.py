@@ -1,24 +1,26 @@
 """The experiments the sweep reproduces, as data (big_vision's configs):
 each preset is a function whose docstring gives its command, its budget and
 the doc its results feed, returning the settings it fixes; flags given on
-the command line override them. METHODS names each method a sweep can run."""
+the command line override them. METHODS names each method a sweep can run:
+every `normalization.METHODS` entry and a few variants."""
 
-# label, training.Config overrides
+from keras_skipinit import normalization as norm_lib
+
+
+def _method(name, title=None, **overrides):
+    """(label, training.Config overrides) of a run of method `name`."""
+    return title or norm_lib.METHODS[name].title, dict(normalization=name, **overrides)
+
+
+# Every method under its own name (SkipInit with alpha_init recorded), then variants.
 METHODS = {
-    "batchnorm": ("Batch Normalization", dict(normalization="batchnorm")),
-    # SkipInit §3: BN statistics over ghost batches of --ghost_batch_size, whatever the batch or micro-batch.
-    "ghost_batchnorm": ("Ghost Batch Normalization", dict(normalization="ghost_batchnorm")),
-    "skipinit_one": ("SkipInit (alpha = 1)", dict(normalization="skipinit", alpha_init="one")),
-    "skipinit_inv_sqrt_d": ("SkipInit (alpha = 1/sqrt(d))", dict(normalization="skipinit", alpha_init="inv_sqrt_depth")),
-    "skipinit": ("SkipInit (alpha = 0)", dict(normalization="skipinit", alpha_init="zero")),
-    "sqrt2": ("Divide residual block by sqrt(2)", dict(normalization="sqrt2")),
-    "none": ("No normalization, no scaling", dict(normalization="none")),
-    "fixup": ("Fixup", dict(normalization="fixup")),
+    **{name: _method(name) for name in norm_lib.METHODS},
+    "skipinit": _method("skipinit", alpha_init="zero"),
+    "skipinit_one": _method("skipinit", "SkipInit (alpha = 1)", alpha_init="one"),
+    "skipinit_inv_sqrt_d": _method("skipinit", "SkipInit (alpha = 1/sqrt(d))", alpha_init="inv_sqrt_depth"),
     # The Fixup authors' exact CIFAR network: their stem keeps PyTorch's default init (cifar_resnet only).
-    "fixup_torch_stem": ("Fixup, stem at PyTorch's default init", dict(normalization="fixup", stem_init="pytorch_default")),
-    "lsuv": ("LSUV, no normalization", dict(normalization="none", lsuv=True)),
-    "regularized_skipinit": ("Regularized SkipInit", dict(normalization="regularized_skipinit")),
-    "nf": ("NF-ResNet", dict(normalization="nf")),
+    "fixup_torch_stem": _method("fixup", "Fixup, stem at PyTorch's default init", stem_init="pytorch_default"),
+    "lsuv": _method("none", "LSUV, no normalization", lsuv=True),
 }
 # SkipInit Table 1 (CIFAR-10, WRN-n-2, 200 epochs, best 5 of 7): test accuracy %.
 PAPER_TABLE1 = {("batchnorm", 16): 93.5, ("batchnorm", 100): 94.7, ("skipinit_one", 16): 93.0,
@@ -43,9 +45,9 @@ def skipinit_table1():
 
 
 def stability_edge():
-    """Issue 42, item 1: the stability edge against depth. For WRN-16, -100
-    and -1000-1 (unrolled: faster per step than looped on CPU, 13 against
-    23 s at batch 64 on 2 AVX2 cores), the largest log2 learning rate at which 2
+    """The stability edge against depth. For WRN-16, -100 and -1000-1
+    (unrolled: faster per step than looped on a CPU; measured in the
+    budget), the largest log2 learning rate at which 2
     of 3 seeds train (finite loss, above chance) in skipinit_table1's short
     run (150 updates at batch 64, 9,600 Fashion-MNIST images), searched an
     octave at a time from the octaves given per method. Runs of the
@@ -171,7 +173,7 @@ def batch_scaling_cifar10():
 
 
 def quantization_fashion_mnist():
-    """Issue 34's int8 study, step 1: WRN-16-1 on all of Fashion-MNIST for
+    """The int8 study, step 1: WRN-16-1 on all of Fashion-MNIST for
     batchnorm, skipinit, fixup and nf, 2 seeds each, 2 epochs, at the rates
     Table 1 converged chose at 12 epochs (nf, never chosen there: BN's rate,
     NF-ResNets' recipe). Step 2 exports each run float / float16 / int8:

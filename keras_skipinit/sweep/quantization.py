@@ -1,4 +1,4 @@
-"""Issue 34's int8 study, step 2: every completed final run of a sweep's --out
+"""The int8 study, step 2: every completed final run of a sweep's --out
 exported float32, float16 and int8 (LiteRT) and float32 and int8 (ONNX
 Runtime) by `deploy`, each file's top-1 accuracy measured in its runtime on
 the run's evaluation split beside the Keras model's.
@@ -71,15 +71,15 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"))
         if name not in datasets:
             dataset = data_lib.load(*name)
-            images, labels = deploy.images_of(dataset, "eval", check_images, False)
-            calibration, _ = deploy.images_of(dataset, "train", calibration_images, False)
+            images, labels = data_lib.sample_images(dataset, "eval", check_images, dataset.preprocessing)
+            calibration, _ = data_lib.sample_images(dataset, "train", calibration_images, dataset.preprocessing)
             datasets[name] = (dataset.eval_split, images, labels, calibration)
         split, images, labels, calibration = datasets[name]
         want = deploy.keras_probabilities(model, images, preprocessing)  # once for the run's five files
         os.makedirs(os.path.join(model_dir, "exports"), exist_ok=True)
         for fmt, quantize in todo:
             start = time.time()
-            file = os.path.join(model_dir, "exports", f"model_{quantize or 'float32'}{deploy.SUFFIXES[fmt]}")
+            file = os.path.join(model_dir, "exports", f"model_{quantize or 'float32'}{deploy.FORMATS[fmt].suffix}")
             try:
                 deploy.export_file(model, fmt, file, preprocessing, quantize=quantize, overwrite=True,
                                    calibration=calibration if quantize == "int8" else None,

@@ -8,7 +8,7 @@ import os
 import re
 import time
 
-from keras_skipinit import executors
+from keras_skipinit import executors, normalization as norm_lib
 from keras_skipinit import machine as machine_lib
 from keras_skipinit.sweep import log, protocol
 from keras_skipinit.sweep.presets import METHODS
@@ -30,10 +30,10 @@ def config(settings, run):
 
     key, depth, batch, lr, seed, phase = run
     overrides = dict(METHODS[key][1])
-    if overrides["normalization"] in ("batchnorm", "ghost_batchnorm") and settings.bn_momentum is not None:
-        overrides["bn_momentum"] = settings.bn_momentum
-    if overrides["normalization"] == "ghost_batchnorm" and settings.ghost_batch_size:
-        overrides["ghost_batch_size"] = settings.ghost_batch_size
+    for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
+        flag = norm_lib.OPTIONS[option].flag
+        if getattr(settings, flag, None) is not None:
+            overrides[flag] = getattr(settings, flag)
     for name in ("l2", "mixup_alpha"):  # train.py's default unless the sweep sets it
         if getattr(settings, name, None) is not None:
             overrides[name] = getattr(settings, name)
@@ -55,7 +55,7 @@ def config(settings, run):
 
 def check_same_experiment(settings, done, path):
     """Refuses to mix experiments in one --out: every recorded run's training
-    settings must be those this sweep would give it (issue 32.2)."""
+    settings must be those this sweep would give it."""
     for run_id, run in done.items():
         recorded = (run.get("results") or {}).get("config") or {}
         if run_id[0] not in METHODS:
@@ -78,11 +78,11 @@ def check_protocol(settings, done, out):
     (its sweep.json; in folders from before it, what the runs show: final
     runs come from a protocol that chooses the rate, run directories named
     by batch from batch_scaling), before anything in `out` is rewritten."""
-    from keras_skipinit import run_dir
+    from keras_skipinit import files
 
     path = os.path.join(out, MARKER)
     if os.path.exists(path):
-        recorded = run_dir.read_json(path).get("protocol")
+        recorded = files.read_json(path).get("protocol")
         if recorded != settings.protocol:
             raise ValueError(f"{out} holds a --protocol={recorded} sweep ({path}), not --protocol={settings.protocol}: "
                              "give this sweep an --out of its own, or that protocol")
@@ -97,11 +97,11 @@ def check_protocol(settings, done, out):
 
 
 def mark_protocol(settings, out):
-    from keras_skipinit import run_dir
+    from keras_skipinit import files
 
     path = os.path.join(out, MARKER)
     if not os.path.exists(path):
-        run_dir.write_json(path, {"protocol": settings.protocol, "model": settings.model})
+        files.write_json(path, {"protocol": settings.protocol, "model": settings.model})
 
 
 def check_cells(settings):

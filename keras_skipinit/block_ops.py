@@ -1,0 +1,208 @@
+"""The building operations of a residual network under one `normalization.Recipe`:
+norm, activation, conv, end of branch, merge, classifier head, stacks of
+blocks. The blocks in `applications/` are written in these, so they never
+branch on method names; the method's record (`normalization.METHODS`)
+supplies its norm layer.
+"""
+
+import math
+
+import keras
+
+from keras_skipinit import layers as ksl
+from keras_skipinit.normalization import CONV_INITS, METHODS
+
+
+class BlockOps:
+    """The building operations of a residual network under one `Recipe`.
+
+    Layer names follow keras.applications (``{prefix}_1_conv`` ...); each
+    residual block ends in ``{prefix}_branch_out`` (end of the residual branch,
+    after any scalar multiplier) and ``{prefix}_out`` (the block output), which
+    `keras_skipinit.analysis` reads.
+    """
+
+    def __init__(self, recipe, seed=None):
+        self.recipe = recipe
+        self._seed = seed
+        self._count = 0
+        # NF-ResNets: analytic Var[x] of the signal entering the next block,
+        # for unit-variance inputs (the stem's WS conv preserves variance),
+        # and the names of the alpha = 1/sqrt(Var[x]) layers made so far.
+        self.expected_var = 1.0
+        self._nf_alphas = []
+        # (octaves of downsampling since the stack's input, tensor) after each block or looped run:
+        # the stage outputs `pyramid_outputs` take.
+        self.block_outputs = []
+
+    def stack(self, x, specs, block, expansion=1):
+        """Residual blocks `specs` [(prefix, filters, stride)] built by
+        `block(x, ops, filters, stride, prefix)`. In the looped form
+        (`recipe.loop_blocks`), each run of two or more consecutive identity
+        blocks (stride 1, input channels = expansion * filters) is one
+        `looped.RepeatedBlocks` layer over a template built by `block`."""
+        i, level = 0, 0
+        while i < len(specs):
+            prefix, filters, stride = specs[i]
+            end = i + 1
+            if self.recipe.loop_blocks and stride == 1 and x.shape[-1] == expansion * filters:
+                while end < len(specs) and tuple(specs[end][1:]) == (filters, 1):
+                    end += 1
+            if end - i >= 2:
+                x = self._repeat(x, [p for p, _, _ in specs[i:end]], block, filters)
+            else:
+                x = block(x, self, filters, stride, prefix)
+            level += int(math.log2(stride))
+            self.block_outputs.append((level, x))
+            i = end
+        return x
+
+    def _repeat(self, x, prefixes, block, filters):
+        """One `RepeatedBlocks` over a template block. The blocks differ only
+        in weights, except NF's fixed alpha = 1/sqrt(Var[x]): Var[x] grows by
+        the same amount (beta^2) in every identity block, so block j's alpha
+        is 1/sqrt(Var_0 + j * beta^2), passed as per-block initial values."""
+        from keras_skipinit import looped
+
+        n, var_in, alphas_before = len(prefixes), self.expected_var, len(self._nf_alphas)
+        template_input = keras.Input(shape=x.shape[1:], dtype=x.dtype)
+        template = keras.Model(template_input, block(template_input, self, filters, 1, prefixes[0]),
+                               name=prefixes[0] + "_template")
+        growth = self.expected_var - var_in
+        self.expected_var = var_in + n * growth
+        alphas = [1.0 / math.sqrt(var_in + j * growth) for j in range(n)]
+        initial_values = {looped.RepeatedBlocks.initial_value_key(name, prefixes[0], "alpha"): alphas
+                          for name in self._nf_alphas[alphas_before:]}
+        return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
+                                     initial_values=initial_values, name=f"{prefixes[0]}_x{len(prefixes)}")(x)
+
+    def _init_seed(self):
+        if self._seed is None:
+            return None
+        self._count += 1
+        return self._seed * 100003 + self._count
+
+    def norm(self, x, name):
+        """The method's norm layer (BN, ghost BN: SkipInit App. A); the identity for the others."""
+        layer = METHODS[self.recipe.normalization].norm
+        return x if layer is None else layer(self.recipe, name)(x)
+
+    def act(self, x, name):
+        """ReLU, preceded by a scalar bias under Fixup (rule 3); scaled by
+        gamma = sqrt(2/(1-1/pi)) for NF-ResNets (unit-variance output)."""
+        if self.recipe.fixup:
+            x = ksl.FixupBias(name=name + "_bias")(x)
+        x = keras.layers.Activation("relu", name=name)(x)
+        if self.recipe.nf_beta is not None:
+            x = keras.layers.Rescaling(ksl.NF_RELU_GAMMA, name=name + "_gamma")(x)
+        return x
+
+    def preact(self, x, norm_name, act_name):
+        """Pre-activation of a block input: norm-ReLU; for NF-ResNets the
+        norm is the analytic ``alpha = 1/sqrt(Var[x])`` (blog: y = x + beta
+        f(alpha x)), a fixed (non-trainable) scalar weight, so that the
+        looped form can stack its per-block values."""
+        if self.recipe.nf_beta is not None:
+            name = norm_name + "_nf_alpha"
+            x = ksl.SkipInitScale(1.0 / math.sqrt(self.expected_var), trainable=False, name=name)(x)
+            self._nf_alphas.append(name)
+        else:
+            x = self.norm(x, norm_name)
+        return self.act(x, act_name)
+
+    def scalar_bias(self, x, name):
+        """Fixup's scalar bias (rule 3) under Fixup; the identity otherwise."""
+        return ksl.FixupBias(name=name)(x) if self.recipe.fixup else x
+
+    def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain",
+             fan_mode="fan_in", init="he_normal", input_bias=True):
+        """Conv2D with the paper's fixed padding for strided convs (App. G).
+
+        ``bias`` is the architecture's default (keras.applications parity);
+        the recipe overrides it. ``role`` is 'branch' for a branch conv that is
+        not the last, 'last' for the last conv of a branch, 'plain' otherwise:
+        Fixup scales 'branch' kernels by L^(-1/(2m-2)) and zero-inits 'last'
+        (rules 1-2) and puts a scalar bias before every conv (rule 3) unless
+        ``input_bias=False`` (the input already carries one, `scalar_bias`).
+        Kernels are He-normal by ``fan_mode`` ('fan_in', Keras' HeNormal, or
+        'fan_out', PyTorch ResNets'), or PyTorch's default conv init
+        U(+-1/sqrt(fan_in)) with ``init='pytorch_default'``.
+        """
+        r = self.recipe
+        if input_bias:
+            x = self.scalar_bias(x, name + "_bias")
+        if init not in CONV_INITS:
+            raise ValueError(f"init must be one of {tuple(CONV_INITS)}, got {init!r}.")
+        scale, mode, distribution = CONV_INITS[init]
+        initializer = keras.initializers.VarianceScaling(
+            scale, mode=mode or fan_mode, distribution=distribution, seed=self._init_seed()
+        )
+        if r.fixup and role == "branch":
+            initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed(),
+                                                       mode=fan_mode)
+        elif r.fixup and role == "last":
+            initializer = "zeros"
+        conv = keras.layers.Conv2D
+        if r.nf_beta is not None:
+            conv, initializer = ksl.ScaledWSConv2D, keras.initializers.RandomNormal(seed=self._init_seed())
+        padding = "same"
+        if strides > 1 and kernel_size > 1:
+            pad_total = kernel_size - 1
+            x = keras.layers.ZeroPadding2D(
+                ((pad_total // 2, pad_total - pad_total // 2),) * 2, name=name + "_pad"
+            )(x)
+            padding = "valid"
+        return conv(
+            filters,
+            kernel_size,
+            strides=strides,
+            padding=padding,
+            use_bias=bias if r.conv_bias is None else r.conv_bias,
+            kernel_initializer=initializer,
+            name=name,
+        )(x)
+
+    def branch_end(self, x, name):
+        """End of a residual branch: SkipInit's alpha (§2.2) or Fixup's
+        multiplier and bias (rule 3); named ``{prefix}_branch_out``."""
+        r = self.recipe
+        if r.alpha is not None:
+            x = ksl.SkipInitScale(r.alpha, name=name + "_skipinit")(x)
+        elif r.fixup:
+            x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
+            x = ksl.FixupBias(name=name + "_fixup_bias")(x)
+        elif r.nf_beta is not None:
+            x = keras.layers.Rescaling(r.nf_beta, name=name + "_nf_beta")(x)
+        return keras.layers.Identity(name=name + "_branch_out")(x)
+
+    def merge(self, shortcut, branch, name, v1=False, projected=False):
+        """x + f(x); divided by sqrt(2) for the sqrt2 baseline (SkipInit §2.1);
+        on ResNet-V1, SkipInit's scalar bias after the merge (App. F).
+
+        NF-ResNets: Var[x_{l+1}] = Var[x_l] + beta^2, reset to 1 + beta^2 at
+        a transition block, whose `projected` shortcut sees alpha * x too.
+        """
+        r = self.recipe
+        if r.nf_beta is not None:
+            self.expected_var = (1.0 if projected else self.expected_var) + r.nf_beta**2
+        x = keras.layers.Add(name=name + "_add")([shortcut, branch])
+        if r.merge_scale != 1.0:
+            x = keras.layers.Rescaling(r.merge_scale, name=name + "_sqrt2")(x)
+        if v1 and r.v1_merge_bias:
+            x = ksl.FixupBias(name=name + "_merge_bias")(x)
+        return x
+
+    def head(self, x, classes, classifier_activation, name="predictions"):
+        """Dropout (Regularized SkipInit, §4) and the classifier; Fixup
+        zero-inits it and adds a scalar bias before it (rules 1 and 3)."""
+        r = self.recipe
+        if r.dropout_rate > 0:
+            x = keras.layers.Dropout(r.dropout_rate, name="top_dropout")(x)
+        if r.fixup:
+            x = ksl.FixupBias(name=name + "_bias")(x)
+            init = "zeros"
+        else:
+            init = keras.initializers.HeNormal(seed=self._init_seed())
+        x = keras.layers.Dense(classes, kernel_initializer=init, name=name)(x)
+        # Outputs in float32 under mixed precision (keras mixed-precision guide).
+        return keras.layers.Activation(classifier_activation, dtype="float32", name=name + "_activation")(x)

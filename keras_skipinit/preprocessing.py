@@ -1,0 +1,169 @@
+"""Image preprocessing: one table, each entry in every form it is needed in.
+
+| name        | training augmentation                         | evaluation                               |
+|-------------|-----------------------------------------------|------------------------------------------|
+| standardize | per-image standardization, pad 4 + random     | per-image standardization of the image   |
+|             | crop, flip where allowed (SkipInit §2.3)      | as it is                                 |
+| imagenet    | random-resized crop to 224 + flip, per-channel| shorter side to 256, center crop 224,    |
+|             | ImageNet mean/std                             | per-channel ImageNet mean/std            |
+
+A `Preprocessing` holds the TensorFlow forms (training's augmentation, and
+evaluation as `resize` then `normalize`, used by tf.data and by the
+SavedModel's decode path), the whole-batch form in built-in ops that the
+SavedModel/LiteRT/ONNX graphs carry (`batch`), and a NumPy form of
+`normalize` (analysis, on any Keras backend). `for_images` says which one a
+dataset's images need. TensorFlow is imported only by the TensorFlow forms.
+"""
+
+import dataclasses
+
+import numpy as np
+
+IMAGENET_SIZE = 224
+IMAGENET_RESIZE = 256
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+CIFAR_PAD = 4
+CIFAR_MAX_SIZE = 64  # larger images are ImageNet-style
+STANDARDIZE, IMAGENET = "standardize", "imagenet"
+
+
+def _standardize_train(image, key, flip):
+    """Per-image standardization, pad-and-random-crop, optional flip (§2.3)."""
+    import tensorflow as tf
+
+    image = tf.image.per_image_standardization(image)
+    height, width, channels = image.shape
+    padded = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    image = tf.image.stateless_random_crop(padded, [height, width, channels], seed=crop_key)
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
+    return image
+
+
+def _standardize(images):
+    import tensorflow as tf
+
+    return tf.image.per_image_standardization(images)
+
+
+def _standardize_batch(images):
+    """Per-image standardization of a uint8 batch in built-in ops:
+    (x - mean) / max(std, 1/sqrt(N)), N = H*W*C, tf.image's formula."""
+    import tensorflow as tf
+
+    x = tf.cast(images, tf.float32)
+    count = float(np.prod(images.shape[1:]))
+    mean = tf.reduce_mean(x, axis=[1, 2, 3], keepdims=True)
+    std = tf.sqrt(tf.reduce_mean(tf.square(x - mean), axis=[1, 2, 3], keepdims=True))
+    return (x - mean) / tf.maximum(std, 1.0 / np.sqrt(count))
+
+
+def _standardize_numpy(images):
+    x = np.asarray(images, np.float64)
+    axes = tuple(range(1, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    std = np.maximum(x.std(axis=axes, keepdims=True), 1.0 / np.sqrt(np.prod(x.shape[1:])))
+    return ((x - mean) / std).astype("float32")
+
+
+def _imagenet_train(image, key, flip=True):
+    """Random-resized crop (area 8-100%, aspect 3/4-4/3) to 224 and flip."""
+    import tensorflow as tf
+
+    crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=crop_key,
+        min_object_covered=0.0,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = tf.slice(image, begin, size)
+    image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
+    return _imagenet_normalize(image)
+
+
+def _imagenet_resize(image):
+    """Resize the shorter side to 256, center-crop 224 (float pixels)."""
+    import tensorflow as tf
+
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = IMAGENET_RESIZE / tf.reduce_min(shape)
+    image = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
+    return tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
+
+
+def _imagenet_normalize(images):
+    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
+    import tensorflow as tf
+
+    channels = images.shape[-1]
+    return (tf.cast(images, tf.float32) - IMAGENET_MEAN[:channels]) / IMAGENET_STD[:channels]
+
+
+def _imagenet_numpy(images):
+    x = np.asarray(images, np.float64)
+    channels = x.shape[-1]
+    return ((x - IMAGENET_MEAN[:channels]) / IMAGENET_STD[:channels]).astype("float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """One preprocessing in its forms (see the module docstring).
+
+    - train(image, key, flip): training's augmentation of one uint8 image
+      (stateless randomness keyed on `key`), in TensorFlow.
+    - resize(image): one image to the model's size; None: images must come
+      at the model's size (`input_size` None).
+    - normalize(images): pixels of model-sized images (one or a batch).
+    - batch(images): `normalize` of a uint8 batch in built-in ops only.
+    - numpy(images): `normalize` of a batch in NumPy.
+    """
+
+    name: str
+    train: object
+    resize: object
+    normalize: object
+    batch: object
+    numpy: object
+    input_size: int | None  # the model's input size it makes; None: the images' own
+
+    def eval(self, image):
+        """Evaluation preprocessing of one uint8 image, as in tf.data."""
+        return self.normalize(image if self.resize is None else self.resize(image))
+
+    def input_shape(self, image_shape):
+        """The model's input shape for images of `image_shape` (H, W, C)."""
+        if self.input_size is None:
+            return tuple(image_shape)
+        return (self.input_size, self.input_size, image_shape[-1])
+
+
+PREPROCESSINGS = {
+    STANDARDIZE: Preprocessing(STANDARDIZE, _standardize_train, None, _standardize, _standardize_batch,
+                                 _standardize_numpy, None),
+    IMAGENET: Preprocessing(IMAGENET, _imagenet_train, _imagenet_resize, _imagenet_normalize, _imagenet_normalize,
+                              _imagenet_numpy, IMAGENET_SIZE),
+}
+NAMES = tuple(PREPROCESSINGS)
+
+
+def get(name):
+    """The `Preprocessing` called `name`, or a ValueError naming the choices."""
+    if name not in PREPROCESSINGS:
+        raise ValueError(f"preprocessing must be one of {NAMES}, got {name!r}.")
+    return PREPROCESSINGS[name]
+
+
+def for_images(image_shape):
+    """The name of the preprocessing that images of `image_shape` (H, W, C;
+    None where sizes vary) need: CIFAR-style up to 64 px, ImageNet-style above."""
+    fixed = None not in image_shape[:2] and max(image_shape[:2]) <= CIFAR_MAX_SIZE
+    return STANDARDIZE if fixed else IMAGENET
