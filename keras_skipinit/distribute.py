@@ -1,5 +1,5 @@
 """Devices, replicas and workers: the one place where training differs by
-Keras backend (issue 20). `training` asks this module for a strategy and
+Keras backend. `training` asks this module for a strategy and
 uses only its `scope()` and `num_replicas_in_sync`, plus the functions below.
 
 - TensorFlow: tf.distribute. MirroredStrategy over the local GPUs,
@@ -58,8 +58,9 @@ def on_gpu():
 
 def jit_compile(xla):
     """`Model.compile(jit_compile=...)`. On JAX every step is compiled with
-    XLA (False would run each step op by op: the issue's 75 ms against 15 ms
-    per step); on TensorFlow XLA is the --xla opt-in."""
+    XLA (False would dispatch each op from Python, several times slower:
+    benchmarks/README.md, "JAX against TensorFlow"); on TensorFlow XLA is
+    the --xla opt-in."""
     return True if backend() == "jax" else xla
 
 

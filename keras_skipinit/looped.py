@@ -146,7 +146,7 @@ class RepeatedBlocks(keras.layers.Layer):
         # TensorArray on TensorFlow), so the backward pass writes one slice of
         # their gradient per block; `take(w, i)` inside a fori_loop has a
         # dense stack-sized gradient per iteration, O(blocks^2) time
-        # (WRN-1000-2: 1.85x the unrolled step).
+        # (benchmarks/README.md, "Depth scaling").
         (outputs, stacked, _), _ = ops.scan(body, (inputs, non_trainable, ops.convert_to_tensor(0, "int32")), trainable)
         if update:
             for variable, value in zip(self._stacked[num_trainable:], stacked):

@@ -17,8 +17,8 @@ def cpu_name():
 def cpu_has_native_bfloat16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 in hardware (x86 AVX512_BF16 or
     AMX; ARM's BF16 extension), from /proc/cpuinfo's flags; None if unknown.
-    Without it bfloat16 is emulated: WRN-16-1 trained at 0.17x the speed of
-    float32 on an AVX2-only CPU, 1.14x with AVX512_BF16 (benchmarks/README.md)."""
+    Without it bfloat16 is emulated, and far slower than float32
+    (benchmarks/README.md, "Speed for long CPU runs")."""
     try:
         with open(cpuinfo) as f:
             flags = {word for line in f if line.startswith(("flags", "Features")) for word in line.split()}
@@ -57,8 +57,7 @@ def memory_shortfall(need, batch):
 
 def bfloat16_warning(mixed_precision, on_gpu):
     """A warning when bfloat16 runs on a CPU without bfloat16 hardware:
-    emulated, it is several times slower than float32 (measured 0.17x for
-    WRN-16-1 on an AVX2-only CPU, benchmarks/README.md)."""
+    emulated, it is several times slower than float32 (benchmarks/README.md)."""
     if mixed_precision != "bfloat16" or on_gpu or cpu_has_native_bfloat16() is not False:
         return None
     return ("Warning: --mixed_precision=bfloat16 on a CPU without bfloat16 instructions (no AVX512_BF16/AMX in "
@@ -67,9 +66,10 @@ def bfloat16_warning(mixed_precision, on_gpu):
 
 def resolve_precision(mixed_precision):
     """--mixed_precision=auto: bfloat16 where this CPU has bfloat16
-    instructions (1.14-1.42x faster than float32 there), float32 ('none')
-    elsewhere (emulated bfloat16 ran at 0.17x); benchmarks/README.md. Each
-    run records the precision it used (results.json config)."""
+    instructions (faster than float32 there), float32 ('none') elsewhere
+    (emulated bfloat16 is several times slower); benchmarks/README.md, "Speed
+    for long CPU runs". Each run records the precision it used (results.json
+    config)."""
     if mixed_precision != "auto":
         return mixed_precision
     return "bfloat16" if cpu_has_native_bfloat16() else "none"

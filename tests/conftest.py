@@ -33,7 +33,7 @@ def _stderr_to_devnull():
 
 
 # Set by pytest_configure in every process that runs tests (not in pytest-xdist's
-# controller, which only schedules them: it skips TensorFlow's ~10 s start).
+# controller, which only schedules them: it skips TensorFlow's start).
 BACKEND = None
 tf_only = None
 
@@ -61,11 +61,10 @@ def pytest_configure(config):
         _start_keras()
 
 
-# Real trainings (marked heavy: 15-60 s each on 2 cores) run first. They sat at the end of the
-# collection (test_training.py), where xdist hands out its last tests: one worker ran the last of
-# them while the other idled. First, and with pytest.ini's --dist worksteal (an idle worker takes
-# the end of a busy one's queue), the run ends on short tests on both workers (the README's command
-# on 2 cores: 481-503 s in four runs before, 455-483 s in four after).
+# Tests that train or start a process (marked heavy) run first: at the end of the collection,
+# where xdist hands out its last tests, one worker would run the last of them while the other
+# idled. First, and with pytest.ini's --dist worksteal (an idle worker takes the end of a busy
+# one's queue), the run ends on short tests on both workers (timings: README.md).
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable: otherwise as collected
 
@@ -92,7 +91,7 @@ def _clean_keras_state():
     import keras
 
     # Fresh layer names and graph per test. free_memory=False: no gc.collect() per test,
-    # which took ~1 s each once TensorFlow's objects filled the heap (a sixth of the suite's time).
+    # which grows slow once TensorFlow's objects fill the heap.
     keras.backend.clear_session(free_memory=False)
     keras.config.set_dtype_policy("float32")
     yield

@@ -105,7 +105,7 @@ def next_log2_lr(best, rows):
 
 
 def stability_edge(rows):
-    """A cell's stability edge and the rate that brackets it next (issue 42):
+    """A cell's stability edge and the rate that brackets it next:
     (edge, next) as log2 rates. `rows` are `summarize`'s with best_k = k, so
     a rate trained when at least k of its seeds beat chance without
     diverging. The edge is the largest rate that trained; the search goes one
