@@ -330,10 +330,8 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
 # --- a quiet start -------------------------------------------------------------------------
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("command", [
     [os.path.join(ROOT, "train.py"), "--no_such_flag"],
-    ["-m", "export", "--no_such_flag"],
     ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
     ["-m", "keras_skipinit.analysis", "--no_such_flag"],  # warned about its own import (issue 46.8)
     [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
@@ -343,7 +341,7 @@ def test_commands_start_without_tensorflow_start_up_lines(command):
     """They printed TensorFlow's C++ start-up lines (twice for train.py, with
     'failed call to cuInit' on every machine without a GPU) before the flag
     error; a user's own TF_CPP_MIN_LOG_LEVEL still shows them. (The installed
-    console commands: test_console_commands_resolve_and_run_help.)"""
+    console commands, export's among them: test_console_commands_resolve_and_run_help.)"""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     args = [sys.executable, *command]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": ROOT}, cwd=ROOT)
