@@ -1,0 +1,124 @@
+"""Input pipelines in NumPy, for the JAX backend without TensorFlow.
+
+The same rules as `data`'s tf.data pipelines, for 'standardize' datasets
+(images up to 64 px): per-image standardization, pad 4 + random crop,
+left-right flip where the dataset allows it, mixup; evaluation batches padded
+with weight-0 copies. Images come as uint8 arrays: the embedded digits
+(`digits`) and Fashion-MNIST from its original files (`idx_images`, Debian's
+dataset-fashion-mnist).
+
+Resuming: a batch is a pure function of (seed, epoch, step). The order of an
+epoch is the concatenation of permutations drawn from generators seeded by
+(seed, epoch, pass); a batch's augmentation comes from a generator seeded by
+(seed, epoch, step). A run resumed at step k starts at batch k, with no
+iterator state to save (grain's checkpointable iterators solve a problem this
+design does not have; they would add a dependency for it). The order and the
+augmentation draws differ from tf.data's (other generators): the same
+distribution, not the same bits.
+"""
+
+import gzip
+import os
+
+import numpy as np
+
+from keras_skipinit import preprocessing
+
+PAD = preprocessing.CIFAR_PAD
+
+
+def idx_images(directory, split):
+    """(images uint8 (N, 28, 28, 1), labels int64 (N,)) of MNIST-format files
+    ('train' or 't10k' split, gzipped IDX, as Fashion-MNIST ships them)."""
+    with gzip.open(os.path.join(directory, f"{split}-images-idx3-ubyte.gz")) as f:
+        raw = f.read()
+    count, rows, cols = (int.from_bytes(raw[i:i + 4], "big") for i in (4, 8, 12))
+    if int.from_bytes(raw[:4], "big") != 0x803 or len(raw) != 16 + count * rows * cols:
+        raise ValueError(f"{directory}/{split}-images-idx3-ubyte.gz is not an IDX image file")
+    images = np.frombuffer(raw, np.uint8, offset=16).reshape(count, rows, cols, 1)
+    with gzip.open(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz")) as f:
+        raw = f.read()
+    if int.from_bytes(raw[:4], "big") != 0x801 or len(raw) != 8 + count:
+        raise ValueError(f"{directory}/{split}-labels-idx1-ubyte.gz is not an IDX label file for {count} images")
+    return images, np.frombuffer(raw, np.uint8, offset=8).astype(np.int64)
+
+
+def epoch_order(num_examples, batch_size, epoch, seed=0, num_batches=None):
+    """Example indices of an epoch's batches, (batches, batch_size): one pass
+    in a seeded order (the last partial batch dropped), or exactly
+    `num_batches` batches over as many passes as they need, each pass in a
+    new order."""
+    batches = num_examples // batch_size if num_batches is None else num_batches
+    passes = max(1, -(-batches * batch_size // num_examples))
+    order = np.concatenate([np.random.default_rng([seed, epoch, p]).permutation(num_examples)
+                            for p in range(passes)])
+    return order[: batches * batch_size].reshape(batches, batch_size)
+
+
+def augment(images, rng, flip):
+    """`preprocessing`'s 'standardize' training augmentation of a uint8 batch:
+    standardize each image, pad 4 with zeros (the mean), crop back at a random
+    offset, flip left-right with probability 1/2 where `flip`."""
+    x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
+    n, height, width, _ = x.shape
+    padded = np.pad(x, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
+    top, left = rng.integers(0, 2 * PAD + 1, (2, n))
+    rows = top[:, None] + np.arange(height)
+    cols = left[:, None] + np.arange(width)
+    if flip:
+        cols = np.where(rng.random(n)[:, None] < 0.5, cols[:, ::-1], cols)
+    return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def mixup(images, labels, rng, alpha):
+    """Mixup (Zhang et al. 2017): one lambda ~ Beta(alpha, alpha) per batch,
+    each example mixed with the batch in reverse order."""
+    lam = rng.beta(alpha, alpha)
+    return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
+
+
+def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=True, mixup_alpha=0.0):
+    """Batch `step` of an epoch whose `epoch_order` is `order`: (float32
+    images, float32 one-hot labels), a function of (seed, epoch, step) only."""
+    index = order[step]
+    rng = np.random.default_rng([seed, epoch, step, 1])
+    x = augment(images[index], rng, flip)
+    y = np.eye(num_classes, dtype=np.float32)[labels[index]]
+    if mixup_alpha > 0:
+        x, y = mixup(x, y, rng, mixup_alpha)
+    return x.astype(np.float32), y.astype(np.float32)
+
+
+def eval_batches(images, labels, num_classes, batch_size, whole_batches=False):
+    """The evaluation split's batches: standardized images and one-hot
+    labels; with `whole_batches`, (images, labels, weights) with copies of
+    weight 0 filling the last batch (the metrics see only real examples)."""
+    x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
+    y = np.eye(num_classes, dtype=np.float32)[labels]
+    weights = np.ones(len(x), np.float32)
+    if whole_batches:
+        fill = -len(x) % batch_size
+        take = np.arange(fill) % len(x)
+        x, y = np.concatenate([x, x[take]]), np.concatenate([y, y[take]])
+        weights = np.concatenate([weights, np.zeros(fill, np.float32)])
+    for start in range(0, len(x), batch_size):
+        end = start + batch_size
+        yield (x[start:end], y[start:end], weights[start:end]) if whole_batches else (x[start:end], y[start:end])
+
+
+def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=True, mixup_alpha=0.0, skip_batches=0,
+                  num_batches=None):
+    """An epoch's training batches from `skip_batches` on, as a
+    `keras.utils.PyDataset` that `fit` takes on every backend."""
+    import keras
+
+    order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return len(order) - skip_batches
+
+        def __getitem__(self, i):
+            return train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha)
+
+    return Batches()

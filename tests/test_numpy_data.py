@@ -1,0 +1,72 @@
+"""The NumPy input pipeline (JAX without TensorFlow): a batch is a function
+of (seed, epoch, step), the augmentation is the paper's, evaluation pads with
+weight-0 copies, and Fashion-MNIST's original files read as TFDS reads them."""
+
+import numpy as np
+
+from conftest import require_fashion_mnist
+from keras_skipinit import digits, numpy_data, preprocessing
+
+
+def test_a_batch_is_a_function_of_seed_epoch_and_step_and_each_pass_sees_every_example_once():
+    images, labels = digits.load()
+    images, labels = images[:50], labels[:50]
+    order = numpy_data.epoch_order(50, 8, epoch=3, seed=1)
+    assert order.shape == (6, 8) and len(set(order.ravel())) == 48  # one pass, the partial batch dropped
+    long = numpy_data.epoch_order(50, 8, epoch=3, seed=1, num_batches=13)  # 104 examples: three passes
+    assert np.array_equal(long[:6], order)  # a plain epoch is the first pass
+    assert sorted(long.ravel()[50:100]) == list(range(50))  # the second pass: every example once
+    assert not np.array_equal(numpy_data.epoch_order(50, 8, epoch=4, seed=1), order)
+    # Resuming at step k gives what the uninterrupted epoch gave at k: nothing else is state.
+    whole = numpy_data.train_batches(images, labels, 10, 8, epoch=3, seed=1, flip=True, mixup_alpha=0.4)
+    resumed = numpy_data.train_batches(images, labels, 10, 8, epoch=3, seed=1, flip=True, mixup_alpha=0.4,
+                                       skip_batches=4)
+    assert len(whole) == 6 and len(resumed) == 2
+    for a, b in zip(whole[4], resumed[0]):
+        np.testing.assert_array_equal(a, b)
+    x, y = whole[0]
+    assert x.shape == (8, 28, 28, 1) and x.dtype == np.float32 and np.allclose(y.sum(axis=1), 1.0)
+    assert not np.array_equal(whole[0][0], whole[1][0])
+
+
+def test_augmentation_is_a_random_crop_of_the_padded_standardized_image_and_flips_only_where_allowed():
+    images, _ = digits.load()
+    batch = images[:64]
+    standardized = preprocessing.get(preprocessing.STANDARDIZE).numpy(batch)
+    padded = np.pad(standardized, ((0, 0), (4, 4), (4, 4), (0, 0)))
+    windows = {(i, j): padded[:, i:i + 28, j:j + 28] for i in range(9) for j in range(9)}
+
+    def offsets(out, mirrored):
+        found = []
+        for k in range(len(out)):
+            match = [key for key, w in windows.items()
+                     if np.array_equal(out[k], w[k][:, ::-1] if mirrored else w[k])]
+            found.append(match)
+        return found
+
+    plain = numpy_data.augment(batch, np.random.default_rng(0), flip=False)
+    assert all(offsets(plain, mirrored=False))  # every image a 28x28 window of its padded self
+    assert len({m[0] for m in offsets(plain, mirrored=False)}) > 20  # at random offsets
+    flipped = numpy_data.augment(batch, np.random.default_rng(0), flip=True)
+    mirrored = sum(bool(m) and not p for m, p in zip(offsets(flipped, True), offsets(flipped, False)))
+    assert 15 < mirrored < 50  # about half of 64
+
+
+def test_evaluation_batches_are_standardized_and_padded_with_weight_zero_copies():
+    images, labels = digits.load()
+    batches = list(numpy_data.eval_batches(images[:10], labels[:10], 10, 4, whole_batches=True))
+    assert [len(b[0]) for b in batches] == [4, 4, 4]
+    weights = np.concatenate([b[2] for b in batches])
+    assert weights.tolist() == [1.0] * 10 + [0.0] * 2
+    x = np.concatenate([b[0] for b in batches])
+    np.testing.assert_allclose(x[:10], preprocessing.get(preprocessing.STANDARDIZE).numpy(images[:10]))
+    assert [len(b[0]) for b in numpy_data.eval_batches(images[:10], labels[:10], 10, 4)] == [4, 4, 2]
+
+
+def test_fashion_mnist_files_read_as_their_format_says():
+    directory = require_fashion_mnist()
+    train, train_labels = numpy_data.idx_images(directory, "train")
+    test, test_labels = numpy_data.idx_images(directory, "t10k")
+    assert train.shape == (60000, 28, 28, 1) and test.shape == (10000, 28, 28, 1) and train.dtype == np.uint8
+    assert np.bincount(train_labels).tolist() == [6000] * 10 and np.bincount(test_labels).tolist() == [1000] * 10
+    assert 70 < train.mean() < 80  # Fashion-MNIST's mean pixel is 72.9 (digits: 33)
