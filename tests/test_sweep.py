@@ -505,7 +505,7 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
     fake_training(monkeypatch, train)
     args = ["--preset=batch_scaling_fashion_mnist", "--methods=ghost_batchnorm,skipinit", "--batch_sizes=64,512",
             "--centre_log2_lrs=ghost_batchnorm=-6,skipinit=-7", "--batch_size=64", "--micro_batch_size=256",
-            f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
+            "--checkpoint_steps=5", f"--out={tmp_path}", f"--runs_dir={tmp_path}/runs"]
     sweep.main(args)
     by_cell = {}
     for c in calls:
@@ -518,6 +518,7 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
         assert {(c.accumulation_steps, c.batch_size // c.accumulation_steps) for c in configs} == {
             (max(1, batch // 256), min(batch, 256))}
         assert {c.ghost_batch_size for c in configs} == ({64} if norm == "ghost_batchnorm" else {None})
+        assert {c.checkpoint_steps for c in configs} == {5}  # every run checkpoints mid-epoch
         finals = [c for c in configs if c.validation_examples is None]
         assert [c.seed for c in finals] == [0, 1] and {math.log2(c.learning_rate) for c in finals} == {
             -7 + math.log2(batch / 64)}

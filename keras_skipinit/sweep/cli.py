@@ -75,6 +75,9 @@ def parse_args(argv=None):
                         help="auto: bfloat16 on a CPU with bfloat16 instructions, else float32 (none)")
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--checkpoint_steps", type=int, default=0,
+                        help="each run also checkpoints every N steps (0: at the end of its epochs), so that a run "
+                             "killed midway (a deep one: an hour) loses at most N steps; not an experiment setting")
     parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
     parser.add_argument("--l2", type=float, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
     parser.add_argument("--mixup_alpha", type=float, default=None, help="train.py's --mixup_alpha (default 0: none)")

@@ -46,7 +46,7 @@ def config(settings, run):
         train_examples=settings.train_examples, seed=seed, verbose=0,
         validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
         mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
-        loop_blocks=settings.loop_blocks,
+        loop_blocks=settings.loop_blocks, checkpoint_steps=settings.checkpoint_steps,
         model_dir=os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
                                + ("_final" if phase == protocol.FINAL else "")),
         **overrides,
