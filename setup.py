@@ -28,7 +28,7 @@ setup(
     # pytest-xdist: the suite runs on every core, at most 4 workers (pytest.ini's -n).
     # ray: `python -m keras_skipinit.sweep --executor=ray` (sweeps on a Ray cluster).
     # export: `python -m export --format=litert|onnx` (the LiteRT interpreter, ONNX Runtime, the TF->ONNX converter).
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30"], "ray": ["ray>=2.9"],
+    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30", "tensorboard>=2.14"], "ray": ["ray>=2.9"],
                     "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"]},
     entry_points={
         "console_scripts": [

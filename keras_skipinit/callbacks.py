@@ -1,11 +1,13 @@
 """The callbacks of a training run (`training.train`): the step monitor
 (divergence, checkpoints every N steps, a resumed epoch's metrics, a
-signal's checkpoint), the progress display, and the signal handling that
-stops a run at a step it can resume from."""
+signal's checkpoint), the progress display, TensorBoard scalars, and the
+signal handling that stops a run at a step it can resume from."""
 
 import math
+import os
 import signal
 import threading
+import time
 
 import keras
 
@@ -101,3 +103,32 @@ class EpochProgress(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params):
         super().set_params({**params, "epochs": self.total_epochs})
+
+
+class EpochScalars(keras.callbacks.Callback):
+    """TensorBoard scalars after every epoch, written without TensorFlow
+    (the tensorboard package's event writer, as PyTorch's SummaryWriter uses
+    it) in Keras' TensorBoard callback's layout: `<log_dir>/train` and
+    `<log_dir>/validation`, tags `epoch_<metric>`, the learning rate as
+    `epoch_learning_rate` in train, the step the epoch's index."""
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = log_dir
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        splits = {"train": {"learning_rate": float(self.model.optimizer.learning_rate)}, "validation": {}}
+        for key, value in (logs or {}).items():
+            validation = key.startswith("val_")
+            splits["validation" if validation else "train"][key[4:] if validation else key] = float(value)
+        for split, scalars in splits.items():
+            if not scalars:
+                continue
+            summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=f"epoch_{name}", simple_value=value)
+                                                 for name, value in scalars.items()])
+            writer = EventFileWriter(os.path.join(self.log_dir, split))
+            writer.add_event(event_pb2.Event(wall_time=time.time(), step=epoch, summary=summary))
+            writer.close()

@@ -32,7 +32,7 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, run_dir, schedules
-from keras_skipinit.callbacks import EpochProgress, Interrupt, Stopped, TrainingMonitor
+from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
@@ -320,7 +320,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     eval_steps = eval_steps if eval_steps > 0 else None
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
-    tensorboard = keras.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
+    tensorboard = EpochScalars(os.path.join(out_dir, "tensorboard"))
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
         if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved

@@ -202,6 +202,35 @@ def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     assert history[0].startswith("epoch,lr,") and len(history) == 3
 
 
+def test_tensorboard_scalars_are_written_without_tensorflow(tmp_path):
+    """Each epoch's metrics and learning rate as TensorBoard scalars in Keras'
+    layout (train/, validation/, epoch_<metric>, step = epoch), written by a
+    process in which TensorFlow cannot be imported (a JAX user's)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    script = f"""
+import os, sys, types
+sys.modules["tensorflow"] = None  # importing it fails
+os.environ["KERAS_BACKEND"] = "numpy"
+from keras_skipinit.callbacks import EpochScalars
+scalars = EpochScalars({str(tmp_path)!r})
+scalars.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(learning_rate=0.25)))
+scalars.on_epoch_end(0, {{"loss": 2.0, "top1": 0.5, "val_loss": 1.5, "val_top1": 0.625}})
+scalars.on_epoch_end(1, {{"loss": 1.0, "top1": 0.75, "val_loss": 1.25, "val_top1": 0.75}})
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    read = {}
+    for split in ("train", "validation"):
+        events = EventAccumulator(str(tmp_path / split))
+        events.Reload()
+        read[split] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert read["train"] == {"epoch_loss": [(0, 2.0), (1, 1.0)], "epoch_top1": [(0, 0.5), (1, 0.75)],
+                             "epoch_learning_rate": [(0, 0.25), (1, 0.25)]}
+    assert read["validation"] == {"epoch_loss": [(0, 1.5), (1, 1.25)], "epoch_top1": [(0, 0.625), (1, 0.75)]}
+
+
 @pytest.mark.heavy
 def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     """results.json reuses the validation of the last epoch (same weights)
