@@ -112,9 +112,15 @@ class EpochScalars(keras.callbacks.Callback):
     `<log_dir>/validation`, tags `epoch_<metric>`, the learning rate as
     `epoch_learning_rate` in train, the step the epoch's index."""
 
+    SPLITS = ("train", "validation")
+
     def __init__(self, log_dir):
         super().__init__()
         self.log_dir = log_dir
+
+    def on_train_begin(self, logs=None):  # the folders exist once fit runs, as with Keras' callback
+        for split in self.SPLITS:
+            os.makedirs(os.path.join(self.log_dir, split), exist_ok=True)
 
     def on_epoch_end(self, epoch, logs=None):
         from tensorboard.compat.proto import event_pb2, summary_pb2
