@@ -132,8 +132,6 @@ def plot_depth(details, args):
     plt.close(fig)
 
 
-
-
 def plot_edges(details, args):
     """The stability edge against depth, one line per method; a cell where
     no rate trained is an x at the bottom."""
