@@ -18,11 +18,14 @@ def arch(args, depth="n"):
 
 
 def _save_figure(fig, path):
+    """Lays the figure out, writes it as a PNG where its bytes change, closes it."""
     import io
 
+    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     files.write_if_changed(path, buffer.getvalue())
+    _plt().close(fig)
 
 
 def _plt():
@@ -64,9 +67,7 @@ def plot_table1(details, args):
 
     handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHODS[key][0]) for i, key in enumerate(args.methods)]
     axes[0][-1].legend(handles=handles, fontsize=7)
-    fig.tight_layout()
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
-    plt.close(fig)
 
 
 def plot_curves(runs, args, split):
@@ -100,9 +101,22 @@ def plot_curves(runs, args, split):
         low = [100 * min(c) for (k, d), cs in cells.items() if d == depth for c in cs]
         if low:
             ax.set_ylim(max(min(low) - 2, 100 * args.chance_level - 2), 100)
-    fig.tight_layout()
     _save_figure(fig, os.path.join(args.out, "curves.png"))
-    plt.close(fig)
+
+
+def _by_depth(details, args, key, i, spread):
+    """Method `key`'s cells by depth and their x positions, the i-th method's
+    shifted by `spread` * (i - methods/2) of the depth so that they do not overlap."""
+    points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+    return points, np.array([d for d, _ in points], float) * (1 + spread * (i - len(args.methods) / 2))
+
+
+def _depth_axis(ax, args):
+    """The x axis of a plot against depth: log scale, ticked at the depths run."""
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(args.depths, [str(d) for d in args.depths])
+    ax.set_xlabel(f"depth ({arch(args)} layers)")
 
 
 def plot_depth(details, args):
@@ -110,26 +124,20 @@ def plot_depth(details, args):
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--", label="chance")
     for i, key in enumerate(args.methods):
-        points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+        points, xs = _by_depth(details, args, key, i, 0.02)
         if not points:
             continue
-        xs = np.array([d for d, _ in points], float) * (1 + 0.02 * (i - len(args.methods) / 2))
         ax.errorbar(xs, [100 * c["mean"] for _, c in points], yerr=[100 * c["std"] for _, c in points], marker="o",
                     capsize=3, color=f"C{i}", label=METHODS[key][0])
         for x, (_, c) in zip(xs, points):
             ax.scatter([x] * len(c["test_top1"]), [100 * (a if a is not None else args.chance_level) for a in c["test_top1"]],
                        s=8, color=f"C{i}", alpha=0.4)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks(args.depths, [str(d) for d in args.depths])
-    ax.set_xlabel(f"depth ({arch(args)} layers)")
+    _depth_axis(ax, args)
     ax.set_ylabel(f"{'validation' if args.validation_examples else 'test'} accuracy % after {args.epochs} epoch(s)")
     ax.set_title(f"{args.dataset}: lr {', '.join(lr_label(lr) for lr in args.lrs)}, {args.seeds} seeds (dots: runs)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
-    plt.close(fig)
 
 
 def plot_edges(details, args):
@@ -139,29 +147,23 @@ def plot_edges(details, args):
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     low = PAPER_LOG2_RANGE[0] - 1
     for i, key in enumerate(args.methods):
-        points = [(d, details[f"{key}/depth{d}"]) for d in args.depths if f"{key}/depth{d}" in details]
+        points, xs = _by_depth(details, args, key, i, 0.03)
         if not points:
             continue
-        xs = np.array([d for d, _ in points], float) * (1 + 0.03 * (i - len(args.methods) / 2))
         ys = [c["edge_log2"] if c["edge_log2"] is not None else np.nan for _, c in points]
         ax.plot(xs, ys, "o-", color=f"C{i}", label=METHODS[key][0])
         searching = [(x, y) for x, y, (_, c) in zip(xs, ys, points) if not c["bracketed"]]
         ax.plot([x for x, _ in searching], [y for _, y in searching], "o", color="white", ms=4)  # open: a lower bound
         none = [x for x, (_, c) in zip(xs, points) if c["edge_log2"] is None and c["bracketed"]]
         ax.plot(none, [low] * len(none), "x", color=f"C{i}", ms=8, mew=2)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks(args.depths, [str(d) for d in args.depths])
+    _depth_axis(ax, args)
     ax.set_xlim(min(args.depths) / 1.5, max(args.depths) * 1.5)
-    ax.set_xlabel(f"depth ({arch(args)} layers)")
     ax.set_ylabel("stability edge: largest log2 learning rate that trains")
     ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train\n"
                  f"(x at {low}: none from 2^{low + 1} up; open: still searching)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
-    plt.close(fig)
 
 
 def plot_batch_scaling(details, args):
@@ -210,6 +212,4 @@ def plot_batch_scaling(details, args):
         ax.set_xticks(args.batch_sizes, [str(b) for b in args.batch_sizes])
     acc_ax.legend(fontsize=7)
     fig.suptitle(f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size")
-    fig.tight_layout()
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
-    plt.close(fig)
