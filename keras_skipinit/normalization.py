@@ -191,6 +191,11 @@ METHODS = {
 NORMALIZATIONS = tuple(METHODS)  # the built-in methods, in the order tables list them
 
 
+def methods_taking(option):
+    """The names of the methods that take `option` (an `OPTIONS` key)."""
+    return [name for name, method in METHODS.items() if option in method.options]
+
+
 def check_method(normalization, *, preactivation=True, names=None, **options):
     """The method rules, checked here only (models and train.py alike): the
     method exists, each option given (not None) belongs to it, and
@@ -203,7 +208,7 @@ def check_method(normalization, *, preactivation=True, names=None, **options):
         if option not in OPTIONS:
             raise TypeError(f"check_method() got an unknown method option {option!r}")
         if value is not None and option not in METHODS[normalization].options:
-            owners = " or ".join(repr(n) for n, m in METHODS.items() if option in m.options)
+            owners = " or ".join(repr(n) for n in methods_taking(option))
             raise ValueError(f"{names.get(option, option)} applies only to normalization={owners}, "
                              f"got normalization={normalization!r}.")
         if value is not None:  # its value too, before any work (its default may depend on the architecture)
@@ -220,7 +225,7 @@ KEYWORDS = {"normalization": "batchnorm", **{name: None for name in OPTIONS}, "d
             "loop_blocks": False, "remat": False}
 KEYWORD_DOCS = {
     "normalization": f"one of {', '.join(repr(n) for n in METHODS)} (`keras_skipinit.normalization.METHODS`)",
-    **{name: f"for {' and '.join(repr(n) for n, m in METHODS.items() if name in m.options)}: {option.doc}"
+    **{name: f"for {' and '.join(repr(n) for n in methods_taking(name))}: {option.doc}"
        for name, option in OPTIONS.items()},
     "dropout_rate": "dropout before the classifier (default 0.6 on CIFAR nets, 0.2 on ImageNet ResNets for "
                     "'regularized_skipinit', §4; 0 otherwise)",

@@ -43,9 +43,8 @@ flags.DEFINE_integer("depth", _D.depth, "Depth; " + "; ".join(
 flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
 flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
 for _name, _option in normalization.OPTIONS.items():  # each method's own flags, from its record
-    _owners = "/".join(n for n, m in normalization.METHODS.items() if _name in m.options)
     {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}[_option.type](
-        _option.flag, None, f"For --normalization={_owners}: {_option.doc}.")
+        _option.flag, None, f"For --normalization={'/'.join(normalization.methods_taking(_name))}: {_option.doc}.")
 flags.DEFINE_bool(
     "lsuv", False,
     "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training batch, for networks "
