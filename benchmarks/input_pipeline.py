@@ -27,11 +27,11 @@ FEEDS = ("numpy", "tf.data")
 
 
 def _arrays(name):
-    from keras_skipinit import digits, numpy_data
+    from keras_skipinit import digits, numpy_data, tfds_prepare
 
     if name == "digits":
         return digits.load()
-    return numpy_data.idx_images("/usr/share/datasets/fashion-mnist", "train")
+    return numpy_data.idx_images(tfds_prepare.LOCAL_COPIES["fashion_mnist"].directory, "train")
 
 
 def _feed(feed, images, labels, batch, epoch, steps):
