@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import BACKEND, run_cli_cases, tf_only, train_py_in_process
+from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
 from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, run_dir, schedules, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -205,13 +205,16 @@ def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
 def test_tensorboard_scalars_are_written_without_tensorflow(tmp_path):
     """Each epoch's metrics and learning rate as TensorBoard scalars in Keras'
     layout (train/, validation/, epoch_<metric>, step = epoch), written by a
-    process in which TensorFlow cannot be imported (a JAX user's)."""
+    process in which TensorFlow cannot be imported (a JAX user's: Keras needs
+    JAX there, its numpy backend too)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    require_module("jax", 'pip install -e ".[jax]"')
 
     script = f"""
 import os, sys, types
 sys.modules["tensorflow"] = None  # importing it fails
-os.environ["KERAS_BACKEND"] = "numpy"
+os.environ["KERAS_BACKEND"] = "jax"
 from keras_skipinit.callbacks import EpochScalars
 scalars = EpochScalars({str(tmp_path)!r})
 scalars.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(learning_rate=0.25)))
