@@ -178,25 +178,27 @@ def test_ghost_batches_with_remainders_train(tmp_path, capsys, ghost, batch, not
 
 @pytest.mark.heavy
 def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
-    """Two epochs of the decaying schedule with BatchNorm (momentum 0.9) on the
-    embedded digits, WRN-10-1. Seeds 0-4 on one machine: test top-1
-    0.941-0.961, final training cross-entropy 0.23-0.25 (from ln 10 = 2.30;
-    WRN-16-1: 0.960-0.967 and 0.17-0.20, at ~1.7x the time). The default model
-    (SkipInit alpha = 0) is not used here: it leaves its initial plateau after
-    a seed-dependent time (3 epochs at lr 0.05, seeds 0-4: 0.88, 0.75, 0.72,
-    0.88, 0.10), so no threshold on it holds on every machine. fit runs once
-    per epoch; the progress display must still read 'Epoch k/N'."""
-    config = small_config(tmp_path, epochs=2, normalization="batchnorm", bn_momentum=0.9, learning_rate=0.1,
-                          verbose=2)
+    """Two epochs of the decaying schedule on the embedded digits, WRN-10-1,
+    with NF (Brock et al. 2021a: no normalization layer and no zero-init
+    branch, so it is also the test that NF trains on real data). Seeds 0-4 on
+    one machine: test top-1 0.88-0.91, final training cross-entropy 0.45-0.62
+    (from ln 10 = 2.30); one constant-lr epoch gave 0.58-0.78, too close to
+    any threshold. BatchNorm (momentum 0.9, lr 0.1) gave 0.941-0.961 and
+    0.23-0.25 at the same time. The default model (SkipInit alpha = 0) is not
+    used here: it leaves its initial plateau after a seed-dependent time (3
+    epochs at lr 0.05, seeds 0-4: 0.88, 0.75, 0.72, 0.88, 0.10), so no
+    threshold on it holds on every machine. fit runs once per epoch; the
+    progress display must still read 'Epoch k/N'."""
+    config = small_config(tmp_path, epochs=2, normalization="nf", learning_rate=0.05, verbose=2)
     results = training.train(config)
     out = capsys.readouterr().out
     assert "Epoch 1/2" in out and "Epoch 2/2" in out
     assert results["status"] == "completed"
-    assert results["train_cross_entropy"] < 0.5, results
-    assert results["test_top1"] > 0.85, results
+    assert results["train_cross_entropy"] < 1.0, results
+    assert results["test_top1"] > 0.7, results  # chance: 0.1
     saved = json.load(open(tmp_path / "run" / "results.json"))
     assert saved["test_top1"] == pytest.approx(results["test_top1"])
-    assert saved["config"]["normalization"] == "batchnorm"
+    assert saved["config"]["normalization"] == "nf"
     assert os.listdir(tmp_path / "run" / "tensorboard")
     history = open(tmp_path / "run" / "history.csv").read().splitlines()
     assert history[0].startswith("epoch,lr,") and len(history) == 3
