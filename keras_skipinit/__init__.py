@@ -2,18 +2,22 @@
 
 SkipInit (De & Smith 2020), Fixup (Zhang et al. 2019) and Ghost Batch Norm
 for Keras 3. The models, layers, analysis, LSUV, optimizer and schedules run
-on every Keras backend (TensorFlow, JAX, PyTorch); training, data, serving
-and the sweeps are TensorFlow code (tf.data, tf.distribute, SavedModel) and
-are imported when first used, so `import keras_skipinit` needs no TensorFlow.
+on every Keras backend (TensorFlow, JAX, PyTorch); training and the sweeps
+run on TensorFlow and on JAX (without TensorFlow there: `data.numpy_feed`);
+serving and export are TensorFlow code (SavedModel). Those modules are
+imported when first used, so `import keras_skipinit` needs no TensorFlow.
 """
 
 import importlib
+import sys
 
 from keras_skipinit import _startup
 
 if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
     _startup.check_backend()
     _startup.quiet_start()
+elif "keras" not in sys.modules and _startup.missing_backend():  # Keras' own error names only the module
+    raise ImportError(_startup.missing_backend())
 
 # Importing the package registers every layer, optimizer and schedule a .keras file of ours names
 # (looped: RepeatedBlocks, of --loop_blocks models).

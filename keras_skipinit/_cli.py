@@ -1,5 +1,6 @@
 """Plumbing shared by the two commands (train_cli, export_cli)."""
 
+import importlib.util
 import os
 import sys
 
@@ -46,6 +47,25 @@ def run(main, usage, name):
         return rest
 
     app.run(main, flags_parser=parse)
+
+
+def without_tensorflow(what):
+    """One line for `what` where TensorFlow is not installed (the JAX-only
+    install), or None: SavedModels, and the LiteRT and ONNX files converted
+    from them, are TensorFlow graphs."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        return None
+    return (f"{what} needs TensorFlow (SavedModel, LiteRT and ONNX files are made from TensorFlow graphs), which "
+            "this Python does not have: pip install tensorflow")
+
+
+def exit_without_tensorflow(name):
+    """A command that is TensorFlow throughout (export): without it, one
+    line and exit status 2 rather than an ImportError traceback."""
+    missing = without_tensorflow(program(name))
+    if missing:
+        print(f"{program(name)}: error: {missing}", file=sys.stderr)
+        sys.exit(2)
 
 
 def tensorflow_env():

@@ -89,16 +89,25 @@ def backend_error(backend):
             "(KERAS_BACKEND or ~/.keras/keras.json): run with KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax")
 
 
+def missing_backend():
+    """Why the Keras backend this process would load cannot load (its
+    package is not installed: the core install has no TensorFlow), or None."""
+    backend = requested_backend()
+    module = {"tensorflow": "tensorflow", "jax": "jax", "numpy": "jax", "torch": "torch"}.get(backend)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    how = f'pip install -e ".[{module}]"' if module in TRAINING_BACKENDS else f"pip install {module}"
+    other = (' (or JAX: pip install -e ".[jax]" and KERAS_BACKEND=jax)' if backend == "tensorflow" else "")
+    return (f"Keras backend {backend!r} (KERAS_BACKEND, else ~/.keras/keras.json, else tensorflow) needs {module}, "
+            f"which is not installed: {how}{other}")
+
+
 def check_backend():
-    """For our training commands, before Keras loads: a backend they do not
-    run on, or JAX without the jax package, is one line and exit status 2."""
-    if not _training_command():
-        return
-    backend, error = requested_backend(), None
-    if backend not in TRAINING_BACKENDS:
-        error = backend_error(backend)
-    elif backend == "jax" and importlib.util.find_spec("jax") is None:
-        error = 'KERAS_BACKEND=jax needs JAX: pip install -e ".[jax]"'
+    """For our commands, before Keras loads: a backend the training commands
+    do not run on, or one whose package is not installed, is one line and
+    exit status 2."""
+    backend = requested_backend()
+    error = backend_error(backend) if _training_command() and backend not in TRAINING_BACKENDS else missing_backend()
     if error:
         kind, name, _ = _invocation()
         print(f"{'python -m ' if kind == 'module' else ''}{name}: error: {error}", file=sys.stderr)

@@ -10,15 +10,22 @@
 Augmentation randomness is stateless and keyed on (seed, epoch, example), and
 the shuffle order on (seed, epoch), so an interrupted epoch can be replayed
 exactly when a run resumes.
+
+Two feeds, one choice (`numpy_feed`): on TensorFlow, tf.data; on other
+backends, datasets held in memory (the embedded digits; Fashion-MNIST read
+from its original files) are fed by `numpy_data`, with no TensorFlow in the
+process. TFDS datasets on those backends still go through tf.data.
 """
 
 import dataclasses
+import importlib.util
 import numbers
+import os
 
+import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_skipinit import digits, preprocessing
+from keras_skipinit import digits, numpy_data, preprocessing, tfds_prepare
 
 EMBEDDED = "mnist_embedded"
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
@@ -27,8 +34,10 @@ _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 @dataclasses.dataclass
 class Dataset:
     name: str
-    train: tf.data.Dataset  # unbatched (uint8 image, int label)
-    test: tf.data.Dataset
+    # Unbatched (uint8 image, int label) examples: a tf.data.Dataset, or in memory an (images, labels) pair of
+    # NumPy arrays (`in_memory`; `as_tf_data` gives either as tf.data).
+    train: object
+    test: object
     num_train: int
     num_test: int
     num_classes: int
@@ -41,6 +50,54 @@ class Dataset:
     @property
     def input_shape(self):
         return preprocessing.get(self.preprocessing).input_shape(self.raw_shape)
+
+    @property
+    def in_memory(self):
+        return isinstance(self.train, tuple)
+
+
+def as_tf_data(split):
+    """A Dataset's split as an unbatched tf.data.Dataset."""
+    if not isinstance(split, tuple):
+        return split
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(split)
+
+
+def numpy_feed(dataset):
+    """Whether training and evaluation batches come from `numpy_data` rather
+    than tf.data: in-memory 'standardize' data on a backend other than
+    TensorFlow."""
+    return (dataset.in_memory and dataset.preprocessing == preprocessing.STANDARDIZE
+            and keras.backend.backend() != "tensorflow")
+
+
+def _process_shard():
+    """(index, count) of this JAX process: the NumPy feed gives each process
+    its part of every global batch (`distribute.feed_shards_itself`)."""
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def _from_files(name, manual_dir):
+    """The folder of `name`'s original files where this backend reads them
+    itself (no TensorFlow, no TFDS preparation), or None: on backends other
+    than TensorFlow, a dataset with a known local copy (Fashion-MNIST, in
+    manual_dir or Debian's folder), read in the files' order (TFDS stores
+    the same images in an order of its own, so --train_examples picks
+    other examples there)."""
+    copy = tfds_prepare.LOCAL_COPIES.get(name)
+    if copy is None or keras.backend.backend() == "tensorflow":
+        return None
+    directory = manual_dir or copy.directory
+    if not os.path.isdir(directory):
+        if importlib.util.find_spec("tensorflow") is not None:
+            return None  # TFDS prepares it from a download or --data_dir
+        raise ValueError(f"dataset {name!r} without TensorFlow is read from its original files, which are not in "
+                         f"{directory}: {copy.how_to_get}, or give their folder as --manual_dir")
+    return directory
 
 
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None):
@@ -61,25 +118,18 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = digits.split()
         _check_subset(name, train_examples, held_out, len(xtr))
-        if held_out:
-            (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])
-        if train_examples is not None:
-            xtr, ytr = xtr[:train_examples], ytr[:train_examples]
-        return Dataset(
-            name,
-            tf.data.Dataset.from_tensor_slices((xtr, ytr)),
-            tf.data.Dataset.from_tensor_slices((xte, yte)),
-            len(xtr),
-            len(xte),
-            10,
-            xtr.shape[1:],
-            preprocessing.for_images(xtr.shape[1:]),
-            flip=False,
-            eval_split="validation" if held_out else "test",
-            label_names=tuple(str(d) for d in range(10)),
-        )
-    from keras_skipinit import tfds_prepare
-
+        return _in_memory(name, (xtr, ytr), (xte, yte), train_examples, held_out, flip=False,
+                          label_names=tuple(str(d) for d in range(10)))
+    directory = _from_files(name, manual_dir)
+    if directory is not None:
+        train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
+        _check_subset(name, train_examples, held_out, len(train[0]))
+        return _in_memory(name, train, test, train_examples, held_out, flip=not any(s in name for s in _NO_FLIP),
+                          label_names=numpy_data.LABEL_NAMES[name])
+    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("tensorflow_datasets") is None:
+        local = ", ".join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])
+        raise ValueError(f"dataset {name!r} is read by TFDS and tf.data, which need TensorFlow and tensorflow-datasets "
+                         f"(pip install tensorflow tensorflow-datasets); without them: {local}")
     builder = tfds_prepare.builder(name, data_dir)
     info = builder.info
     features = info.features
@@ -113,6 +163,20 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     )
 
 
+def _in_memory(name, train, test, train_examples, held_out, flip, label_names):
+    """A Dataset of (images, labels) arrays: the last `held_out` training
+    examples evaluated instead of `test`, the first `train_examples` of the
+    rest trained on."""
+    (xtr, ytr), (xte, yte) = train, test
+    if held_out:
+        (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])
+    if train_examples is not None:
+        xtr, ytr = xtr[:train_examples], ytr[:train_examples]
+    return Dataset(name, (xtr, ytr), (xte, yte), len(xtr), len(xte), len(label_names), xtr.shape[1:],
+                   preprocessing.for_images(xtr.shape[1:]), flip=flip,
+                   eval_split="validation" if held_out else "test", label_names=label_names)
+
+
 def _check_subset(name, train_examples, held_out, available):
     if not available:
         return
@@ -130,12 +194,16 @@ def _num_examples(ds):
 
 
 def _element_seed(seed, epoch, index):
+    import tensorflow as tf
+
     return tf.stack([tf.cast(seed * 1_000_003 + epoch, tf.int64), tf.cast(index, tf.int64)])
 
 
 def mixup(images, labels, key, alpha):
     """Mixup (Zhang et al. 2017): one lambda ~ Beta(alpha, alpha) per batch,
     each example mixed with the batch in reverse order."""
+    import tensorflow as tf
+
     k1, k2 = tf.unstack(tf.random.experimental.stateless_split(key, 2))
     a = tf.random.stateless_gamma([], seed=k1, alpha=alpha)
     b = tf.random.stateless_gamma([], seed=k2, alpha=alpha)
@@ -149,7 +217,14 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     One pass over the shuffled training set (the last partial batch
     dropped), or exactly `num_batches` batches: when they need more than one
     pass, the data repeats, each pass in a new order with new augmentation.
+    `numpy_feed` datasets: a `keras.utils.PyDataset` of the same batches
+    (`numpy_data`'s generators: the same distribution, not the same bits).
     """
+    if numpy_feed(dataset):
+        return numpy_data.train_batches(*dataset.train, dataset.num_classes, batch_size, epoch, seed, dataset.flip,
+                                        mixup_alpha, skip_batches, num_batches, shard=_process_shard())
+    import tensorflow as tf
+
     num_classes = dataset.num_classes
     augment = preprocessing.get(dataset.preprocessing).train
     shuffle_buffer = min(dataset.num_train, 10_000)
@@ -158,7 +233,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
 
     def one_pass(p):
         # Pass 0 keeps the seeds of a plain epoch; pass p is a fresh order.
-        order = dataset.train.enumerate().shuffle(
+        order = as_tf_data(dataset.train).enumerate().shuffle(
             shuffle_buffer, seed=seed * 1009 + epoch + 100_003 * p, reshuffle_each_iteration=False
         )
         return order.map(lambda index, example: (index + p * dataset.num_train, example))
@@ -187,8 +262,13 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     """(image, one-hot label) batches of the evaluation split. whole_batches:
     (image, label, weight) with copies of weight 0 that fill the last batch
     (the metrics are weighted: they see only the real examples)."""
+    if numpy_feed(dataset):
+        return numpy_data.eval_batches(*dataset.test, dataset.num_classes, batch_size, whole_batches,
+                                       shard=_process_shard())
+    import tensorflow as tf
+
     prep = preprocessing.get(dataset.preprocessing)
-    ds = dataset.test.map(
+    ds = as_tf_data(dataset.test).map(
         lambda image, label: (prep.eval(image), tf.one_hot(label, dataset.num_classes)),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
@@ -200,13 +280,27 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def num_batches(batches):
+    """The number of batches of a pipeline above (None where unknown)."""
+    if isinstance(batches, keras.utils.PyDataset):
+        return len(batches)
+    count = int(batches.cardinality())
+    return count if count > 0 else None
+
+
+def first_batch(batches):
+    return batches[0] if isinstance(batches, keras.utils.PyDataset) else next(iter(batches))
+
+
 def sample_images(dataset, split, count, preprocessing_name):
     """`count` uint8 images and labels of a Dataset split, as a client sends
     them (at the model's size: resized where the preprocessing resizes), class-balanced:
     at most ceil(count / classes) of each class, in the split's order, topped
     up in order where a class has fewer. Splits may be stored sorted by class
     (the embedded digits' test split is): its first 500 are digits 0-4."""
-    ds = dataset.test if split == "eval" else dataset.train
+    import tensorflow as tf
+
+    ds = as_tf_data(dataset.test if split == "eval" else dataset.train)
     quota = -(-count // dataset.num_classes)
     taken, spare, per_class = [], [], {}
     for image, label in ds:

@@ -89,6 +89,14 @@ class JaxDataParallel:
         return self.distribution.scope() if self.distribution else contextlib.nullcontext()
 
 
+def feed_shards_itself(strategy):
+    """The NumPy feed (`data.numpy_feed`) gives each JAX process its part of
+    every global batch: Keras, which shards tf.data only (and refuses other
+    data over several processes), must not shard it again."""
+    if getattr(strategy, "distribution", None) is not None:
+        strategy.distribution.auto_shard_dataset = False
+
+
 PROCESS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID", "KERAS_DISTRIBUTION_JOB_ADDRESSES")
 
 

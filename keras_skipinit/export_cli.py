@@ -13,7 +13,10 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, deploy, preprocessing as preprocessing_lib
+from keras_skipinit import _cli
+
+_cli.exit_without_tensorflow("export")  # deploy imports it
+from keras_skipinit import deploy, preprocessing as preprocessing_lib  # noqa: E402
 
 USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 

@@ -12,7 +12,8 @@ epoch is the concatenation of permutations drawn from generators seeded by
 (seed, epoch, pass); a batch's augmentation comes from a generator seeded by
 (seed, epoch, step). A run resumed at step k starts at batch k, with no
 iterator state to save (grain's checkpointable iterators solve a problem this
-design does not have; they would add a dependency for it). The order and the
+design does not have; they would add a dependency for it). Several JAX
+processes each feed their part of every global batch (`shard`). The order and the
 augmentation draws differ from tf.data's (other generators): the same
 distribution, not the same bits.
 """
@@ -25,6 +26,11 @@ import numpy as np
 from keras_skipinit import preprocessing
 
 PAD = preprocessing.CIFAR_PAD
+# Class names by label of the datasets read from their original files (TFDS's ClassLabel names).
+LABEL_NAMES = {
+    "fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"),
+}
 
 
 def idx_images(directory, split):
@@ -89,10 +95,14 @@ def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=Tr
     return x.astype(np.float32), y.astype(np.float32)
 
 
-def eval_batches(images, labels, num_classes, batch_size, whole_batches=False):
-    """The evaluation split's batches: standardized images and one-hot
-    labels; with `whole_batches`, (images, labels, weights) with copies of
-    weight 0 filling the last batch (the metrics see only real examples)."""
+def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, shard=(0, 1)):
+    """The evaluation split's batches, as a `keras.utils.PyDataset`:
+    standardized images and one-hot labels; with `whole_batches`, (images,
+    labels, weights) with copies of weight 0 filling the last batch (the
+    metrics see only real examples). `shard`: (index, count) of this process
+    among JAX's, which feeds its part of every batch (`_part`)."""
+    import keras
+
     x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
     y = np.eye(num_classes, dtype=np.float32)[labels]
     weights = np.ones(len(x), np.float32)
@@ -101,15 +111,35 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False):
         take = np.arange(fill) % len(x)
         x, y = np.concatenate([x, x[take]]), np.concatenate([y, y[take]])
         weights = np.concatenate([weights, np.zeros(fill, np.float32)])
-    for start in range(0, len(x), batch_size):
-        end = start + batch_size
-        yield (x[start:end], y[start:end], weights[start:end]) if whole_batches else (x[start:end], y[start:end])
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return -(-len(x) // batch_size)
+
+        def __getitem__(self, i):
+            rows = slice(i * batch_size, (i + 1) * batch_size)
+            return _part((x[rows], y[rows], weights[rows]) if whole_batches else (x[rows], y[rows]), shard)
+
+    return Batches()
+
+
+def _part(batch, shard):
+    """Process `index`'s rows of a global batch, split in `count` equal parts
+    in order: what `jax.make_array_from_process_local_data` puts back
+    together, so several processes train on one process's global batches."""
+    index, count = shard
+    if count == 1:
+        return batch
+    size = len(batch[0]) // count
+    return tuple(a[index * size:(index + 1) * size] for a in batch)
 
 
 def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=True, mixup_alpha=0.0, skip_batches=0,
-                  num_batches=None):
+                  num_batches=None, shard=(0, 1)):
     """An epoch's training batches from `skip_batches` on, as a
-    `keras.utils.PyDataset` that `fit` takes on every backend."""
+    `keras.utils.PyDataset` that `fit` takes on every backend. `shard`:
+    (index, count) of this process among JAX's; it gets its part of each
+    global batch (`_part`), mixup included."""
     import keras
 
     order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
@@ -119,6 +149,7 @@ def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=T
             return len(order) - skip_batches
 
         def __getitem__(self, i):
-            return train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha)
+            return _part(train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip,
+                                     mixup_alpha), shard)
 
     return Batches()

@@ -173,6 +173,9 @@ def _check_export(config):
     """The served model name for --export_dir, validated before training."""
     if F.export_dir is None:
         return None
+    missing = _cli.without_tensorflow("--export_dir")
+    if missing:
+        raise ValueError(missing + "; or export the run later, where it is installed, with python -m export")
     from keras_skipinit import serving
 
     name = serving.model_name_for(config.model_dir)

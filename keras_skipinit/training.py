@@ -265,6 +265,8 @@ def _train(config, strategy, out_dir, start, interrupt):
     dataset = data_lib.load(
         config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples
     )
+    if data_lib.numpy_feed(dataset):
+        distribute.feed_shards_itself(strategy)
     replicas = strategy.num_replicas_in_sync
     micro_batch = config.batch_size // config.accumulation_steps
     if micro_batch % replicas:
@@ -293,7 +295,7 @@ def _train(config, strategy, out_dir, start, interrupt):
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
         if config.lsuv and not checkpoint.all():
-            images, _ = next(iter(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed)))
+            images, _ = data_lib.first_batch(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
     # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
@@ -316,8 +318,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
-    eval_steps = int(eval_ds.cardinality())
-    eval_steps = eval_steps if eval_steps > 0 else None
+    eval_steps = data_lib.num_batches(eval_ds)
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = EpochScalars(os.path.join(out_dir, "tensorboard"))

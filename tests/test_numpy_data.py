@@ -54,7 +54,7 @@ def test_augmentation_is_a_random_crop_of_the_padded_standardized_image_and_flip
 
 def test_evaluation_batches_are_standardized_and_padded_with_weight_zero_copies():
     images, labels = digits.load()
-    batches = list(numpy_data.eval_batches(images[:10], labels[:10], 10, 4, whole_batches=True))
+    batches = numpy_data.eval_batches(images[:10], labels[:10], 10, 4, whole_batches=True)
     assert [len(b[0]) for b in batches] == [4, 4, 4]
     weights = np.concatenate([b[2] for b in batches])
     assert weights.tolist() == [1.0] * 10 + [0.0] * 2
