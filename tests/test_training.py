@@ -475,8 +475,14 @@ def test_a_resumed_run_records_what_the_run_never_stopped_records(tmp_path, monk
             raise Killed
         write_history(model_dir, rows)
 
-    def kill_after_mid_epoch_checkpoint(self, model, epoch, step, **state):
+    saved_at = []  # when each save began: the time a checkpoint records (its own writing is not in it)
+
+    def save_and_note_the_time(self, model, epoch, step, **state):
+        saved_at.append(time.time())
         save(self, model, epoch, step, **state)
+
+    def kill_after_mid_epoch_checkpoint(self, model, epoch, step, **state):
+        save_and_note_the_time(self, model, epoch, step, **state)
         if (epoch, step) == (1, 2):
             raise Killed
 
@@ -484,11 +490,12 @@ def test_a_resumed_run_records_what_the_run_never_stopped_records(tmp_path, monk
               "mid_epoch": (run_dir.Checkpoint, "save", kill_after_mid_epoch_checkpoint)}
     for name, (owner, attribute, fault) in faults.items():
         config = small_config(tmp_path / name, **kwargs)
+        monkeypatch.setattr(run_dir.Checkpoint, "save", save_and_note_the_time)
         monkeypatch.setattr(owner, attribute, fault)
         started = time.time()
         with pytest.raises(Killed):
             training.train(config)
-        killed_s = time.time() - started
+        killed_s = saved_at[-1] - started  # up to its last checkpoint
         monkeypatch.undo()
         started = time.time()
         resumed = training.train(config)
