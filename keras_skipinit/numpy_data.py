@@ -9,8 +9,9 @@ dataset-fashion-mnist).
 
 Resuming: a batch is a pure function of (seed, epoch, step). The order of an
 epoch is the concatenation of permutations drawn from generators seeded by
-(seed, epoch, pass); a batch's augmentation comes from a generator seeded by
-(seed, epoch, step). A run resumed at step k starts at batch k, with no
+(seed, epoch, pass); an image's augmentation comes from a generator seeded by
+(seed, epoch, its place in the epoch), a batch's mixup from one seeded by (seed,
+epoch, step). A run resumed at step k starts at batch k, with no
 iterator state to save (grain's checkpointable iterators solve a problem this
 design does not have; they would add a dependency for it). Several JAX
 processes each feed their part of every global batch (`shard`). The order and the
@@ -61,18 +62,21 @@ def epoch_order(num_examples, batch_size, epoch, seed=0, num_batches=None):
     return order[: batches * batch_size].reshape(batches, batch_size)
 
 
-def augment(images, rng, flip):
+def augment(images, rngs, flip):
     """`preprocessing`'s 'standardize' training augmentation of a uint8 batch:
     standardize each image, pad 4 with zeros (the mean), crop back at a random
-    offset, flip left-right with probability 1/2 where `flip`."""
+    offset, flip left-right with probability 1/2 where `flip`. `rngs`: one
+    generator per image (its draws depend on the image's place in the epoch
+    only, so micro-batches of an accumulated step equal the whole batch)."""
     x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
     n, height, width, _ = x.shape
     padded = np.pad(x, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
-    top, left = rng.integers(0, 2 * PAD + 1, (2, n))
+    u = np.array([rng.random(3) for rng in rngs]).reshape(n, 3)
+    top, left = (np.floor(u[:, :2] * (2 * PAD + 1)).astype(int)).T
     rows = top[:, None] + np.arange(height)
     cols = left[:, None] + np.arange(width)
     if flip:
-        cols = np.where(rng.random(n)[:, None] < 0.5, cols[:, ::-1], cols)
+        cols = np.where(u[:, 2:] < 0.5, cols[:, ::-1], cols)
     return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
@@ -87,11 +91,11 @@ def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=Tr
     """Batch `step` of an epoch whose `epoch_order` is `order`: (float32
     images, float32 one-hot labels), a function of (seed, epoch, step) only."""
     index = order[step]
-    rng = np.random.default_rng([seed, epoch, step, 1])
-    x = augment(images[index], rng, flip)
+    first = step * len(index)  # the batch's place in the epoch
+    x = augment(images[index], [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip)
     y = np.eye(num_classes, dtype=np.float32)[labels[index]]
     if mixup_alpha > 0:
-        x, y = mixup(x, y, rng, mixup_alpha)
+        x, y = mixup(x, y, np.random.default_rng([seed, epoch, step, 2]), mixup_alpha)
     return x.astype(np.float32), y.astype(np.float32)
 
 

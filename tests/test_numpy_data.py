@@ -44,10 +44,10 @@ def test_augmentation_is_a_random_crop_of_the_padded_standardized_image_and_flip
             found.append(match)
         return found
 
-    plain = numpy_data.augment(batch, np.random.default_rng(0), flip=False)
+    plain = numpy_data.augment(batch, [np.random.default_rng([0, i]) for i in range(64)], flip=False)
     assert all(offsets(plain, mirrored=False))  # every image a 28x28 window of its padded self
     assert len({m[0] for m in offsets(plain, mirrored=False)}) > 20  # at random offsets
-    flipped = numpy_data.augment(batch, np.random.default_rng(0), flip=True)
+    flipped = numpy_data.augment(batch, [np.random.default_rng([0, i]) for i in range(64)], flip=True)
     mirrored = sum(bool(m) and not p for m, p in zip(offsets(flipped, True), offsets(flipped, False)))
     assert 15 < mirrored < 50  # about half of 64
 
