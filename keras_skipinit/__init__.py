@@ -16,8 +16,8 @@ from keras_skipinit import _startup
 if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
     _startup.check_backend()
     _startup.quiet_start()
-elif "keras" not in sys.modules and _startup.missing_backend():  # Keras' own error names only the module
-    raise ImportError(_startup.missing_backend())
+elif "keras" not in sys.modules and (_missing := _startup.missing_backend()):  # Keras' error names only the module
+    raise ImportError(_missing)
 
 # Importing the package registers every layer, optimizer and schedule a .keras file of ours names
 # (looped: RepeatedBlocks, of --loop_blocks models).

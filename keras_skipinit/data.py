@@ -117,14 +117,12 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     held_out = validation_examples or 0
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = digits.split()
-        _check_subset(name, train_examples, held_out, len(xtr))
         return _in_memory(name, (xtr, ytr), (xte, yte), train_examples, held_out, flip=False,
                           label_names=tuple(str(d) for d in range(10)))
     directory = _from_files(name, manual_dir)
     if directory is not None:
         train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
-        _check_subset(name, train_examples, held_out, len(train[0]))
-        return _in_memory(name, train, test, train_examples, held_out, flip=not any(s in name for s in _NO_FLIP),
+        return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
                           label_names=numpy_data.LABEL_NAMES[name])
     if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("tensorflow_datasets") is None:
         local = ", ".join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])
@@ -157,7 +155,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         features["label"].num_classes,
         shape,
         preprocessing.for_images(shape),
-        flip=not any(s in name for s in _NO_FLIP),
+        flip=_flips(name),
         eval_split="validation" if held_out else "test",
         label_names=tuple(features["label"].names),
     )
@@ -168,6 +166,7 @@ def _in_memory(name, train, test, train_examples, held_out, flip, label_names):
     examples evaluated instead of `test`, the first `train_examples` of the
     rest trained on."""
     (xtr, ytr), (xte, yte) = train, test
+    _check_subset(name, train_examples, held_out, len(xtr))
     if held_out:
         (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])
     if train_examples is not None:
@@ -175,6 +174,11 @@ def _in_memory(name, train, test, train_examples, held_out, flip, label_names):
     return Dataset(name, (xtr, ytr), (xte, yte), len(xtr), len(xte), len(label_names), xtr.shape[1:],
                    preprocessing.for_images(xtr.shape[1:]), flip=flip,
                    eval_split="validation" if held_out else "test", label_names=label_names)
+
+
+def _flips(name):
+    """Whether training flips `name`'s images left-right (not digits)."""
+    return not any(s in name for s in _NO_FLIP)
 
 
 def _check_subset(name, train_examples, held_out, available):

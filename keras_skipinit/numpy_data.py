@@ -105,8 +105,6 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, s
     labels, weights) with copies of weight 0 filling the last batch (the
     metrics see only real examples). `shard`: (index, count) of this process
     among JAX's, which feeds its part of every batch (`_part`)."""
-    import keras
-
     x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
     y = np.eye(num_classes, dtype=np.float32)[labels]
     weights = np.ones(len(x), np.float32)
@@ -116,13 +114,24 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, s
         x, y = np.concatenate([x, x[take]]), np.concatenate([y, y[take]])
         weights = np.concatenate([weights, np.zeros(fill, np.float32)])
 
+    def batch(i):
+        rows = slice(i * batch_size, (i + 1) * batch_size)
+        return _part((x[rows], y[rows], weights[rows]) if whole_batches else (x[rows], y[rows]), shard)
+
+    return _batches(-(-len(x) // batch_size), batch)
+
+
+def _batches(count, batch):
+    """`count` batches, batch(i) the i-th, as a `keras.utils.PyDataset` (what
+    `fit` and `evaluate` take on every backend)."""
+    import keras
+
     class Batches(keras.utils.PyDataset):
         def __len__(self):
-            return -(-len(x) // batch_size)
+            return count
 
         def __getitem__(self, i):
-            rows = slice(i * batch_size, (i + 1) * batch_size)
-            return _part((x[rows], y[rows], weights[rows]) if whole_batches else (x[rows], y[rows]), shard)
+            return batch(i)
 
     return Batches()
 
@@ -144,16 +153,6 @@ def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=T
     `keras.utils.PyDataset` that `fit` takes on every backend. `shard`:
     (index, count) of this process among JAX's; it gets its part of each
     global batch (`_part`), mixup included."""
-    import keras
-
     order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
-
-    class Batches(keras.utils.PyDataset):
-        def __len__(self):
-            return len(order) - skip_batches
-
-        def __getitem__(self, i):
-            return _part(train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip,
-                                     mixup_alpha), shard)
-
-    return Batches()
+    return _batches(len(order) - skip_batches, lambda i: _part(
+        train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha), shard))
