@@ -10,6 +10,9 @@ TENSORFLOW = [
     "tensorflow-serving-api>=2.16,<2.22",
 ]
 
+# Reading TFDS datasets prepared as array_record, without TensorFlow (tfds.data_source; images decoded by PIL).
+TFDS_WITHOUT_TENSORFLOW = ["tensorflow-datasets>=4.9,<5", "array_record>=0.5", "importlib_resources>=5", "pillow>=9"]
+
 setup(
     name="keras_skipinit",
     version="0.1.0",
@@ -34,10 +37,11 @@ setup(
     # test: the README's install: TensorFlow's route and the test runner; pytest-xdist: the suite runs on
     #   every core, at most 4 workers (pytest.ini's -n).
     # jax: training on JAX (CPU build), without TensorFlow unless it is installed too.
+    # tfds: TFDS datasets on JAX without TensorFlow (prepared as array_record, where TensorFlow is, once).
     # ray: `python -m keras_skipinit.sweep --executor=ray` (sweeps on a Ray cluster).
     # export: `python -m export --format=litert|onnx` (the LiteRT interpreter, ONNX Runtime, the TF->ONNX converter).
     extras_require={"tensorflow": TENSORFLOW, "test": [*TENSORFLOW, "pytest>=7", "pytest-xdist>=3.5"],
-                    "jax": ["jax>=0.4.30"], "ray": ["ray>=2.9"],
+                    "jax": ["jax>=0.4.30"], "tfds": TFDS_WITHOUT_TENSORFLOW, "ray": ["ray>=2.9"],
                     "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"]},
     entry_points={
         "console_scripts": [

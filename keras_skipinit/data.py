@@ -13,8 +13,9 @@ exactly when a run resumes.
 
 Two feeds, one choice (`numpy_feed`): on TensorFlow, tf.data; on other
 backends, datasets held in memory (the embedded digits; Fashion-MNIST read
-from its original files) are fed by `numpy_data`, with no TensorFlow in the
-process. TFDS datasets on those backends still go through tf.data.
+from its original files; TFDS datasets of images up to 64 px prepared as
+array_record, read through `tfds.data_source`) are fed by `numpy_data`, with
+no TensorFlow in the process. Other TFDS datasets go through tf.data there.
 """
 
 import dataclasses
@@ -105,7 +106,9 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     dataset with 'image' and 'label' features, prepared in `data_dir` on
     first use by TFDS's own builder (see `tfds_prepare`: offline from the
     download files in `manual_dir`, e.g. Fashion-MNIST from Debian's
-    dataset-fashion-mnist). `train_examples`: train on the first N examples
+    dataset-fashion-mnist; on backends other than TensorFlow, read into
+    memory from array_record files where it was prepared so: `_random_access`).
+    `train_examples`: train on the first N examples
     of the training split only (the test split stays whole).
     `validation_examples`: hold out the last N examples of the training
     split and evaluate on them instead of the test split, to choose
@@ -124,19 +127,16 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
         return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
                           label_names=numpy_data.LABEL_NAMES[name])
-    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("tensorflow_datasets") is None:
-        local = ", ".join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])
-        raise ValueError(f"dataset {name!r} is read by TFDS and tf.data, which need TensorFlow and tensorflow-datasets "
-                         f"(pip install tensorflow tensorflow-datasets); without them: {local}")
+    if importlib.util.find_spec("tensorflow_datasets") is None:
+        raise ValueError(f"dataset {name!r} is read by TFDS, which is not installed: pip install -e \".[tensorflow]\" "
+                         f"(or, on JAX, \".[tfds]\"); without it: {', '.join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])}")
     builder = tfds_prepare.builder(name, data_dir)
-    info = builder.info
-    features = info.features
-    if "image" not in features or "label" not in features:
-        raise ValueError(f"dataset {name!r} has no 'image' and 'label' features: not an image classification dataset.")
-    splits = info.splits
-    test_split = "validation" if splits and "test" not in splits else "test"
-    if splits and ("train" not in splits or test_split not in splits):
-        raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
+    test_split = _check_classification(builder)
+    source = _random_access(builder, test_split)
+    if source is not None:
+        train, test = source
+        return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
+                          label_names=tuple(builder.info.features["label"].names))
     builder = tfds_prepare.prepare(builder, manual_dir)
     if train_examples is not None or held_out:  # (mock_data builders have no split sizes)
         _check_subset(name, train_examples, held_out, builder.info.splits["train"].num_examples)
@@ -145,6 +145,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if held_out:
         test_split = f"train[-{held_out}:]"
     train, test = builder.as_dataset(split=[train_split, test_split], as_supervised=True)
+    features = builder.info.features
     shape = tuple(features["image"].shape)
     return Dataset(
         name,
@@ -159,6 +160,62 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         eval_split="validation" if held_out else "test",
         label_names=tuple(features["label"].names),
     )
+
+
+def _check_classification(builder):
+    """The evaluation split of a TFDS image classification dataset ('test',
+    else 'validation'); one line for any other dataset."""
+    name, info = builder.name, builder.info
+    if "image" not in info.features or "label" not in info.features:
+        raise ValueError(f"dataset {name!r} has no 'image' and 'label' features: not an image classification dataset.")
+    splits = info.splits
+    test_split = "validation" if splits and "test" not in splits else "test"
+    if splits and ("train" not in splits or test_split not in splits):
+        raise ValueError(f"dataset {name!r} needs a 'train' and a 'test' or 'validation' split, has {list(splits)}.")
+    return test_split
+
+
+def _random_access(builder, test_split):
+    """On backends other than TensorFlow: the ((images, labels), (images,
+    labels)) arrays of a TFDS dataset prepared in a random-access format
+    (array_record), read through `tfds.data_source` (no TensorFlow; its
+    images decoded by PIL), or None where tf.data reads it (TensorFlow
+    installed). Whole splits in memory: 'standardize' datasets only (images
+    up to 64 px); ImageNet-style ones need tf.data. Preparing a dataset needs
+    TensorFlow (TFDS encodes its images with it): once, anywhere."""
+    name, info = builder.name, builder.info
+    if keras.backend.backend() == "tensorflow":
+        return None
+    with_tf = importlib.util.find_spec("tensorflow") is not None
+    shape = tuple(info.features["image"].shape)
+    if preprocessing.for_images(shape) != preprocessing.STANDARDIZE:
+        if with_tf:
+            return None
+        raise ValueError(f"dataset {name!r} ({'x'.join(map(str, shape))} images) takes ImageNet-style preprocessing, "
+                         "which runs in tf.data only: install TensorFlow (pip install -e \".[tensorflow]\")")
+    from tensorflow_datasets.core import file_adapters
+
+    formats = info.available_file_formats() if builder.is_prepared() else set()
+    if not formats & set(file_adapters.FileFormat.with_random_access()):
+        if with_tf:
+            return None
+        found = f"prepared as {', '.join(sorted(f.value for f in formats))}" if formats else "not prepared"
+        raise ValueError(
+            f"dataset {name!r} without TensorFlow is read through tfds.data_source, which needs it prepared as "
+            f"array_record in {builder.data_dir_root} ({found}); preparing needs TensorFlow, once: "
+            f"`tfds build {name} --file_format=array_record --data_dir=DIR` where it is installed, then --data_dir=DIR")
+    print(f"Reading {name} through tfds.data_source ({builder.data_dir}).", flush=True)
+    return tuple(_read_all(source) for source in builder.as_data_source(split=["train", test_split]))
+
+
+def _read_all(source):
+    """(uint8 images (N, H, W, C), int64 labels (N,)) of a data source, in its stored order."""
+    images, labels = [], []
+    for start in range(0, len(source), 1024):
+        for record in source.__getitems__(range(start, min(start + 1024, len(source)))):
+            images.append(record["image"])
+            labels.append(record["label"])
+    return np.stack(images).astype(np.uint8), np.asarray(labels, np.int64)
 
 
 def _in_memory(name, train, test, train_examples, held_out, flip, label_names):

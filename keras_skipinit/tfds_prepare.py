@@ -1,4 +1,4 @@
-"""Preparing TFDS datasets on machines with no or limited network (TensorFlow only).
+"""Preparing TFDS datasets on machines with no or limited network (preparing needs TensorFlow).
 
 `builder(name, data_dir)` finds a TFDS builder, with close names suggested for
 a typo. `prepare(builder, manual_dir)` runs TFDS's own `download_and_prepare`,
@@ -53,13 +53,14 @@ CONNECT_TIMEOUT_S = 5.0
 
 def builder(name, data_dir=None):
     """`tfds.builder(name, data_dir)`; an unknown name is one line with the
-    closest known names (not TFDS's list of every dataset)."""
+    closest registered names (not TFDS's list of every dataset; not the
+    community datasets either, whose index is fetched from the network)."""
     import tensorflow_datasets as tfds
 
     try:
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        close = difflib.get_close_matches(name, tfds.list_builders(), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(name, tfds.list_builders(with_community_datasets=False), n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
             f"unknown dataset {name!r}: not a TFDS dataset (see tfds.list_builders()).{hint}"

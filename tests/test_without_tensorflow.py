@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import BACKEND, require_fashion_mnist
+from conftest import BACKEND, require_fashion_mnist, require_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
@@ -51,7 +51,7 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "pip install tensorflow" in proc.stderr
     proc = run(["train.py", "--dataset=cifar10", f"--model_dir={tmp_path}/run"])
-    assert proc.returncode == 2 and "need TensorFlow and tensorflow-datasets" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "read by TFDS, which is not installed" in proc.stderr, proc.stderr
 
 
 @without_tensorflow
@@ -66,3 +66,97 @@ def test_fashion_mnist_is_read_from_its_original_files():
     x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8, 10)
     assert np.all(np.abs(x.mean(axis=(1, 2, 3))) < 0.6)  # standardized, then padded with zeros and cropped
+
+
+def _sample_builder(name, images, labels, test_images, test_labels):
+    """A TFDS builder of the given arrays (not registered: read back from its files)."""
+    import tensorflow_datasets as tfds
+
+    class Sample(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            features = tfds.features.FeaturesDict({"image": tfds.features.Image(shape=images.shape[1:]),
+                                                   "label": tfds.features.ClassLabel(num_classes=10)})
+            return tfds.core.DatasetInfo(builder=self, features=features, supervised_keys=("image", "label"))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(images, labels),
+                    "test": self._generate_examples(test_images, test_labels)}
+
+        def _generate_examples(self, x, y):
+            for i, (image, label) in enumerate(zip(x, y)):
+                yield i, {"image": image, "label": int(label)}
+
+    Sample.name = name
+    return Sample
+
+
+READ_WITHOUT_TENSORFLOW = """
+import json, os, sys
+
+class Hidden:  # TensorFlow is not there, as in a JAX user's Python: not found, not importable
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, *args):
+        hidden = name == "tensorflow" or name.startswith("tensorflow.")
+        return None if hidden else self.finder.find_spec(name, *args)
+
+sys.meta_path[:] = [Hidden(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np
+from keras_skipinit import data
+folder, empty = sys.argv[1:]
+dataset = data.load("digit_sample", data_dir=folder, train_examples=40)
+x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
+np.savez(os.path.join(folder, "read.npz"), *dataset.train, *dataset.test)
+errors = []
+for name, where in (("cifar10", empty), ("large_sample", folder)):
+    try:
+        data.load(name, data_dir=where)
+    except ValueError as e:
+        errors.append(str(e))
+print(json.dumps({"numpy_feed": data.numpy_feed(dataset), "batch": [x.shape, y.shape], "errors": errors,
+                  "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="prepares its dataset with TensorFlow (TFDS encodes images with it)")
+def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_path):
+    """Any TFDS image dataset prepared as array_record (here, where TensorFlow
+    is installed, as `tfds build --file_format=array_record` would) is read on
+    JAX by a Python that cannot import TensorFlow: the same examples in the
+    same order as tf.data reads them, fed by NumPy. Not prepared so, or with
+    ImageNet-style preprocessing: one line saying what to do."""
+    require_module("jax", 'pip install -e ".[jax]"')
+    require_module("array_record", 'pip install -e ".[tfds]"')
+    from keras_skipinit import digits
+
+    (x, y), (xt, yt) = digits.split()
+    folder, empty = tmp_path / "tfds", tmp_path / "empty"
+    sample = _sample_builder("digit_sample", x[:48], y[:48], xt[:16], yt[:16])
+    sample(data_dir=str(folder), file_format="array_record").download_and_prepare()
+    sample(data_dir=str(tmp_path / "tfrecord")).download_and_prepare()  # what tf.data reads
+    big = np.zeros((2, 72, 72, 3), np.uint8)
+    _sample_builder("large_sample", big, y[:2], big, y[:2])(
+        data_dir=str(folder), file_format="array_record").download_and_prepare()
+    empty.mkdir()
+    proc = run(["-c", READ_WITHOUT_TENSORFLOW, str(folder), str(empty)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert out["numpy_feed"] and not out["tensorflow"] and out["batch"] == [[8, 28, 28, 1], [8, 10]]
+    not_prepared, imagenet = out["errors"]
+    assert "tfds build cifar10 --file_format=array_record" in not_prepared and "not prepared" in not_prepared
+    assert "ImageNet-style" in imagenet and "72x72x3" in imagenet
+
+    import tensorflow_datasets as tfds
+
+    read = np.load(folder / "read.npz")
+    builder = tfds.builder("digit_sample", data_dir=str(tmp_path / "tfrecord"))
+    for i, split in enumerate(("train[:40]", "test")):  # tf.data's examples, in its order
+        want = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True, shuffle_files=False))
+        images, labels = (np.stack(a) for a in zip(*want))
+        np.testing.assert_array_equal(read[f"arr_{2 * i}"], images)
+        np.testing.assert_array_equal(read[f"arr_{2 * i + 1}"], labels)
