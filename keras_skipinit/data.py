@@ -20,6 +20,7 @@ no TensorFlow in the process. Other TFDS datasets go through tf.data there.
 
 import dataclasses
 import importlib.util
+import logging
 import numbers
 import os
 
@@ -205,7 +206,13 @@ def _random_access(builder, test_split):
             f"array_record in {builder.data_dir_root} ({found}); preparing needs TensorFlow, once: "
             f"`tfds build {name} --file_format=array_record --data_dir=DIR` where it is installed, then --data_dir=DIR")
     print(f"Reading {name} through tfds.data_source ({builder.data_dir}).", flush=True)
-    return tuple(_read_all(source) for source in builder.as_data_source(split=["train", test_split]))
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # TFDS's advice to install OpenCV (faster decoding) on every read
+    try:
+        return tuple(_read_all(source) for source in builder.as_data_source(split=["train", test_split]))
+    finally:
+        absl_logger.setLevel(level)
 
 
 def _read_all(source):
