@@ -28,9 +28,30 @@ def cpu_has_native_bfloat16(cpuinfo="/proc/cpuinfo"):
 
 
 def describe():
-    """One line for results files: CPU, cores, bfloat16 hardware."""
+    """One line for results files: CPU, cores, bfloat16 hardware, and the
+    GPUs the Keras backend trains on (`accelerator`), if any."""
     bf16 = {True: "bfloat16 instructions", False: "no bfloat16 instructions", None: "bfloat16 unknown"}
-    return f"{cpu_name()}, {os.cpu_count()} cores, {bf16[cpu_has_native_bfloat16()]}"
+    gpus = accelerator()
+    return f"{cpu_name()}, {os.cpu_count()} cores, {bf16[cpu_has_native_bfloat16()]}" + (f"; {gpus}" if gpus else "")
+
+
+def accelerator():
+    """The GPUs the Keras backend sees, as '1x NVIDIA H100 80GB HBM3', or None.
+    Asked after training (the backend's runtime is up by then)."""
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        names = [d.device_kind for d in jax.devices() if d.platform == "gpu"]
+    elif keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        names = [tf.config.experimental.get_device_details(d).get("device_name", "GPU")
+                 for d in tf.config.list_physical_devices("GPU")]
+    else:
+        return None
+    return f"{len(names)}x {names[0]}" if names else None
 
 
 def available_memory_bytes():

@@ -421,6 +421,25 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypa
         assert (warning is None) == native and (native or "emulated" in warning)
 
 
+def test_a_run_records_the_gpus_it_trained_on(monkeypatch):
+    """runs.jsonl's machine names the GPUs the backend sees (a GPU run is not
+    recorded as its host's CPU); on a machine without one, the CPU alone."""
+    import keras
+
+    assert machine.accelerator() is None and ";" not in machine.describe()
+    if keras.backend.backend() == "jax":
+        import jax
+
+        fake = type("Device", (), {"platform": "gpu", "device_kind": "NVIDIA H100 80GB HBM3"})
+        monkeypatch.setattr(jax, "devices", lambda: [fake(), fake()])
+    else:
+        import tensorflow as tf
+
+        monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: ["gpu0", "gpu1"] if kind == "GPU" else [])
+        monkeypatch.setattr(tf.config.experimental, "get_device_details", lambda d: {"device_name": "NVIDIA H100 80GB HBM3"})
+    assert machine.describe().endswith("; 2x NVIDIA H100 80GB HBM3")
+
+
 class _LastInFirstOut:
     """An executor that takes every pending run at once (a round, as Ray
     does) and finishes them in the reverse order of submission."""
