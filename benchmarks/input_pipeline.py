@@ -26,12 +26,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FEEDS = ("numpy", "tf.data")
 
 
-def _arrays(name):
+def _arrays(name, manual_dir=None):
     from keras_skipinit import digits, numpy_data, tfds_prepare
 
     if name == "digits":
         return digits.load()
-    return numpy_data.idx_images(tfds_prepare.LOCAL_COPIES["fashion_mnist"].directory, "train")
+    return numpy_data.idx_images(manual_dir or tfds_prepare.LOCAL_COPIES["fashion_mnist"].directory, "train")
 
 
 def _feed(feed, images, labels, batch, epoch, steps):
@@ -48,13 +48,13 @@ def _feed(feed, images, labels, batch, epoch, steps):
     return data.train_pipeline(dataset, batch, epoch, num_batches=steps)  # as train.py gives fit on JAX
 
 
-def measure(feed, data_name, batch, steps):
+def measure(feed, data_name, batch, steps, manual_dir=None):
     """In this process: (img/s through fit, img/s of the feed alone)."""
     import keras
 
     from keras_skipinit import applications as apps
 
-    images, labels = _arrays(data_name)
+    images, labels = _arrays(data_name, manual_dir)
     start = time.perf_counter()
     batches = _feed(feed, images, labels, batch, 9, steps)
     for _ in (batches if feed == "numpy" else batches.as_numpy_iterator()):
@@ -74,16 +74,18 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--data", choices=("fashion_mnist", "digits"), default="fashion_mnist")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--manual_dir", default=None, help="Fashion-MNIST's files (default: Debian's folder)")
+    parser.add_argument("--child", default=None, help="one feed (numpy, tf.data) in this process only: its figures as JSON")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.data, args.batch, args.steps)))
+        print(json.dumps(measure(args.child, args.data, args.batch, args.steps, args.manual_dir)))
         return
     figures = {feed: [] for feed in FEEDS}
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}
     for r in range(args.rounds):
         for feed in FEEDS:
             proc = subprocess.run([sys.executable, __file__, f"--child={feed}", f"--data={args.data}",
+                                   *([f"--manual_dir={args.manual_dir}"] if args.manual_dir else []),
                                    f"--steps={args.steps}", f"--batch={args.batch}"], capture_output=True, text=True,
                                   env=env, check=True)
             figures[feed].append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -404,6 +404,18 @@ def test_deep_row_preset_trains_the_depth_16_settings_at_depth_100_without_selec
         ("skipinit", 100, -5, 0, "final"), ("skipinit", 100, -5, 1, "final")]
 
 
+def test_data_folders_reach_every_run_and_are_not_experiment_settings(tmp_path):
+    """--data_dir and --manual_dir (a dataset's original files, e.g. on a lent
+    GPU machine) reach each run's training config; runs made with other
+    folders join the same --out."""
+    args = sweep.parse_args(["--preset=stability_edge", f"--manual_dir={tmp_path}/fm", f"--data_dir={tmp_path}/tfds"])
+    run = next(iter(sweep.pending_runs(args, {})))
+    config = runner.config(args, run)
+    assert (config.manual_dir, config.data_dir) == (f"{tmp_path}/fm", f"{tmp_path}/tfds")
+    elsewhere = {"results": {"config": {**dataclasses.asdict(config), "manual_dir": None, "data_dir": None}}}
+    runner.check_same_experiment(args, {run: elsewhere}, "runs.jsonl")  # no refusal
+
+
 def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(tmp_path, monkeypatch):
     avx2 = tmp_path / "avx2"
     avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n")

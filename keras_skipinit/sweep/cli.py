@@ -83,6 +83,7 @@ def parse_args(argv=None):
     parser.add_argument("--mixup_alpha", type=float, default=None, help="train.py's --mixup_alpha (default 0: none)")
     parser.add_argument("--dataset", default="mnist_embedded")
     parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--manual_dir", default=None, help="train.py's --manual_dir (a dataset's original files)")
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
@@ -127,6 +128,7 @@ def parse_args(argv=None):
     if args.executor != "sequential":  # Ray workers may run elsewhere: on storage every node reads, by absolute path
         args.runs_dir = os.path.abspath(args.runs_dir)
         args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
+        args.manual_dir = args.manual_dir and os.path.abspath(args.manual_dir)
     return args
 
 

@@ -43,6 +43,7 @@ def config(settings, run):
         model=settings.model, depth=depth, width=settings.width, learning_rate=lr, epochs=settings.epochs,
         schedule=settings.schedule, batch_size=batch, accumulation_steps=batch // micro,
         steps_per_epoch=settings.steps_per_epoch, dataset=settings.dataset, data_dir=settings.data_dir,
+        manual_dir=settings.manual_dir,
         train_examples=settings.train_examples, seed=seed, verbose=0,
         validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
         mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
