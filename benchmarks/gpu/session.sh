@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD" KERAS_BACKEND=jax JAX_DEFAULT_MATMUL_PRECISION=highest
 FM="$PWD/.gpu/fashion-mnist"
 "$PY" -c "import jax, keras, keras_skipinit, keras_skipinit.training, keras_skipinit.sweep; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" \
   >> "$OUT/session.txt" 2>&1 || { log "imports failed"; exit 1; }
-nvidia-smi -L >> "$OUT/session.txt" 2>&1
+command -v nvidia-smi > /dev/null && nvidia-smi -L >> "$OUT/session.txt" 2>&1
 log "setup done"
 
 timeout "${TRAIN_S:-150}" "$PY" train.py --dataset=fashion_mnist --manual_dir="$FM" --train_examples=9600 --epochs=3 \
