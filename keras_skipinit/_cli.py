@@ -1,10 +1,11 @@
 """Plumbing shared by the two commands (train_cli, export_cli)."""
 
-import importlib.util
 import os
 import sys
 
 from absl import app, flags
+
+from keras_skipinit import _startup
 
 
 def program(default):
@@ -53,7 +54,7 @@ def without_tensorflow(what):
     """One line for `what` where TensorFlow is not installed (the JAX-only
     install), or None: SavedModels, and the LiteRT and ONNX files converted
     from them, are TensorFlow graphs."""
-    if importlib.util.find_spec("tensorflow") is not None:
+    if _startup.installed("tensorflow"):
         return None
     return (f"{what} needs TensorFlow (SavedModel, LiteRT and ONNX files are made from TensorFlow graphs), which "
             "this Python does not have: pip install tensorflow")

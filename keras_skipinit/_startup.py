@@ -48,6 +48,12 @@ def log_level_is_users():
     return "TF_CPP_MIN_LOG_LEVEL" in os.environ and os.environ.get(LOG_LEVEL_SET_ENV) != "1"
 
 
+def installed(module):
+    """Whether `module` can be imported here (without importing it): the one
+    test of "is TensorFlow (TFDS, JAX, ...) installed" the package asks."""
+    return importlib.util.find_spec(module) is not None
+
+
 def our_command():
     """Whether this process runs one of our commands (or a sweep's Ray
     worker), not a user's program that imports the package."""
@@ -94,7 +100,7 @@ def missing_backend():
     package is not installed: the core install has no TensorFlow), or None."""
     backend = requested_backend()
     module = {"tensorflow": "tensorflow", "jax": "jax", "numpy": "jax", "torch": "torch"}.get(backend)
-    if module is None or importlib.util.find_spec(module) is not None:
+    if module is None or installed(module):
         return None
     how = f'pip install -e ".[{module}]"' if module in TRAINING_BACKENDS else f"pip install {module}"
     other = (' (or JAX: pip install -e ".[jax]" and KERAS_BACKEND=jax)' if backend == "tensorflow" else "")
@@ -135,7 +141,7 @@ def quiet_start():
 
             # On JAX too: our commands read data with tf.data. (Not jax.devices(): it would start
             # JAX's runtime before jax.distributed.initialize, which must come first.)
-            if keras.backend.backend() == "tensorflow" or importlib.util.find_spec("tensorflow") is not None:
+            if keras.backend.backend() == "tensorflow" or installed("tensorflow"):
                 import tensorflow as tf
 
                 tf.config.list_physical_devices("GPU")  # cuInit's line comes here, not on import

@@ -19,7 +19,6 @@ no TensorFlow in the process. Other TFDS datasets go through tf.data there.
 """
 
 import dataclasses
-import importlib.util
 import logging
 import numbers
 import os
@@ -27,7 +26,7 @@ import os
 import keras
 import numpy as np
 
-from keras_skipinit import digits, numpy_data, preprocessing, tfds_prepare
+from keras_skipinit import _startup, digits, numpy_data, preprocessing, tfds_prepare
 
 EMBEDDED = "mnist_embedded"
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
@@ -95,7 +94,7 @@ def _from_files(name, manual_dir):
         return None
     directory = manual_dir or copy.directory
     if not os.path.isdir(directory):
-        if importlib.util.find_spec("tensorflow") is not None:
+        if _startup.installed("tensorflow"):
             return None  # TFDS prepares it from a download or --data_dir
         raise ValueError(f"dataset {name!r} without TensorFlow is read from its original files, which are not in "
                          f"{directory}: {copy.how_to_get}, or give their folder as --manual_dir")
@@ -128,7 +127,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
         return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
                           label_names=numpy_data.LABEL_NAMES[name])
-    if importlib.util.find_spec("tensorflow_datasets") is None:
+    if not _startup.installed("tensorflow_datasets"):
         raise ValueError(f"dataset {name!r} is read by TFDS, which is not installed: pip install -e \".[tensorflow]\" "
                          f"(or, on JAX, \".[tfds]\"); without it: {', '.join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])}")
     builder = tfds_prepare.builder(name, data_dir)
@@ -187,7 +186,7 @@ def _random_access(builder, test_split):
     name, info = builder.name, builder.info
     if keras.backend.backend() == "tensorflow":
         return None
-    with_tf = importlib.util.find_spec("tensorflow") is not None
+    with_tf = _startup.installed("tensorflow")
     shape = tuple(info.features["image"].shape)
     if preprocessing.for_images(shape) != preprocessing.STANDARDIZE:
         if with_tf:

@@ -38,7 +38,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import inference, preprocessing as preprocessing_lib, serving
+from keras_skipinit import _startup, inference, preprocessing as preprocessing_lib, serving
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -46,10 +46,8 @@ ONNX_OPSET = 17
 
 def require(fmt):
     """The runtime `fmt` needs, or a one-line ValueError saying what to install."""
-    import importlib.util
-
     modules = FORMATS[fmt].modules
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    missing = [name for name in modules if not _startup.installed(name)]
     if missing:
         raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\" "
                          f"(or pip install {' '.join(name.replace('_', '-') for name in modules)})")
