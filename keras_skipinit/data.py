@@ -29,6 +29,9 @@ import numpy as np
 from keras_skipinit import _startup, digits, numpy_data, preprocessing, tfds_prepare
 
 EMBEDDED = "mnist_embedded"
+# `<dataset>_rgb32`: a 28x28 gray dataset as the papers' CIFAR input (32x32x3): each image zero-padded by 2
+# pixels and its channel repeated (e.g. fashion_mnist_rgb32; issue 42's factor study).
+RGB32 = "_rgb32"
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 
 
@@ -118,6 +121,8 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
     held_out = validation_examples or 0
+    if name.endswith(RGB32):
+        return _as_rgb32(load(name[: -len(RGB32)], data_dir, manual_dir, train_examples, validation_examples), name)
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = digits.split()
         return _in_memory(name, (xtr, ytr), (xte, yte), train_examples, held_out, flip=False,
@@ -160,6 +165,29 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         eval_split="validation" if held_out else "test",
         label_names=tuple(features["label"].names),
     )
+
+
+def rgb32(images):
+    """NumPy (N, 28, 28, 1) uint8 -> (N, 32, 32, 3): zero-padded by 2, gray repeated."""
+    return np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0))), 3, axis=-1)
+
+
+def _as_rgb32(dataset, name):
+    """`dataset` (28x28x1 images) as 32x32x3 (`rgb32`), in memory or in tf.data."""
+    if tuple(dataset.raw_shape) != (28, 28, 1):
+        raise ValueError(f"dataset {name!r}: {RGB32} takes 28x28x1 images, {dataset.name} has "
+                         f"{'x'.join(map(str, dataset.raw_shape))}.")
+    if dataset.in_memory:
+        train, test = ((rgb32(x), y) for x, y in (dataset.train, dataset.test))
+    else:
+        import tensorflow as tf
+
+        def one(image, label):
+            return tf.image.grayscale_to_rgb(tf.pad(image, [[2, 2], [2, 2], [0, 0]])), label
+
+        train, test = (split.map(one) for split in (dataset.train, dataset.test))
+    return dataclasses.replace(dataset, name=name, train=train, test=test, raw_shape=(32, 32, 3),
+                               preprocessing=preprocessing.for_images((32, 32, 3)))
 
 
 def _check_classification(builder):

@@ -63,7 +63,7 @@ flags.DEFINE_enum("stem_init", None, list(cifar_resnet.STEM_INITS),
                   "--model=cifar_resnet: initialization of the stem conv: he_normal (default) or pytorch_default "
                   "(U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).")
 flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, else 0).")
-flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...")
+flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>{data.RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated)")
 flags.DEFINE_string("data_dir", None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared there on first use.")
 flags.DEFINE_string(
     "manual_dir", None,

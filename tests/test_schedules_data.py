@@ -230,3 +230,22 @@ def test_non_classification_dataset_is_rejected(mock_tfds):
     with mock_tfds(num_examples=2):
         with pytest.raises(ValueError, match="image classification"):
             data.load("glue/cola")
+
+
+def test_rgb32_is_the_gray_image_padded_and_repeated_on_both_routes(mock_tfds):
+    """`<dataset>_rgb32` (issue 42's factor study: the papers' 32x32x3 input):
+    each 28x28x1 image zero-padded by 2 and its channel repeated; the same
+    examples and labels, in memory (NumPy) and in tf.data (a TFDS dataset)."""
+    base, rgb = data.load(data.EMBEDDED, train_examples=50), data.load(data.EMBEDDED + data.RGB32, train_examples=50)
+    (x, y), (xr, yr) = base.train, rgb.train
+    assert xr.shape == (50, 32, 32, 3) and rgb.input_shape == (32, 32, 3) and rgb.name == "mnist_embedded_rgb32"
+    np.testing.assert_array_equal(xr[:, 2:30, 2:30], np.repeat(x, 3, axis=-1))
+    assert not xr[:, :2].any() and not xr[:, :, 30:].any() and np.array_equal(y, yr)
+    with mock_tfds(num_examples=8):
+        gray, color = data.load("fashion_mnist"), data.load("fashion_mnist" + data.RGB32)
+        assert color.preprocessing == "standardize" and color.flip == gray.flip
+        for a, b in zip(gray.test.as_numpy_iterator(), color.test.as_numpy_iterator()):
+            np.testing.assert_array_equal(data.rgb32(a[0][None])[0], b[0])
+            assert a[1] == b[1]
+        with pytest.raises(ValueError, match="takes 28x28x1 images, cifar10 has 32x32x3"):
+            data.load("cifar10" + data.RGB32)
