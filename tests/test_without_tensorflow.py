@@ -1,9 +1,11 @@
 """The JAX route without TensorFlow (`pip install -e ".[jax]"`): what only a
 Python without TensorFlow can show. CI's third stage runs this file there,
 with the training, resume and sweep tests that run on any backend
-(.ci/run); where TensorFlow is installed these skip, except the first."""
+(.ci/run); where TensorFlow is installed these skip, except the first, and
+the last runs only there (TFDS prepares its dataset with TensorFlow)."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -145,7 +147,7 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     empty.mkdir()
     proc = run(["-c", READ_WITHOUT_TENSORFLOW, str(folder), str(empty)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["numpy_feed"] and not out["tensorflow"] and out["batch"] == [[8, 28, 28, 1], [8, 10]]
     not_prepared, imagenet = out["errors"]
     assert "tfds build cifar10 --file_format=array_record" in not_prepared and "not prepared" in not_prepared
