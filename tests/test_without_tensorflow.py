@@ -114,7 +114,7 @@ dataset = data.load("digit_sample", data_dir=folder, train_examples=40)
 x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
 np.savez(os.path.join(folder, "read.npz"), *dataset.train, *dataset.test)
 errors = []
-for name, where in (("cifar10", empty), ("large_sample", folder)):
+for name, where in (("cifar10", empty), ("large_sample", folder), ("digit_sampel", empty)):
     try:
         data.load(name, data_dir=where)
     except ValueError as e:
@@ -130,8 +130,10 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     """Any TFDS image dataset prepared as array_record (here, where TensorFlow
     is installed, as `tfds build --file_format=array_record` would) is read on
     JAX by a Python that cannot import TensorFlow: the same examples in the
-    same order as tf.data reads them, fed by NumPy. Not prepared so, or with
-    ImageNet-style preprocessing: one line saying what to do."""
+    same order as tf.data reads them, fed by NumPy. Not prepared so, with
+    ImageNet-style preprocessing, or a name TFDS does not know (its
+    suggestions once fetched the community index, which crashed without
+    TensorFlow): one line saying what to do."""
     require_module("jax", 'pip install -e ".[jax]"')
     require_module("array_record", 'pip install -e ".[tfds]"')
     from keras_skipinit import digits
@@ -149,9 +151,10 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["numpy_feed"] and not out["tensorflow"] and out["batch"] == [[8, 28, 28, 1], [8, 10]]
-    not_prepared, imagenet = out["errors"]
+    not_prepared, imagenet, typo = out["errors"]
     assert "tfds build cifar10 --file_format=array_record" in not_prepared and "not prepared" in not_prepared
     assert "ImageNet-style" in imagenet and "72x72x3" in imagenet
+    assert typo.startswith("unknown dataset 'digit_sampel'")  # the suggestions leave out the community index
 
     import tensorflow_datasets as tfds
 
