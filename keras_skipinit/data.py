@@ -71,9 +71,9 @@ def as_tf_data(split):
 
 def numpy_feed(dataset):
     """Whether training and evaluation batches come from `numpy_data` rather
-    than tf.data: in-memory 'standardize' data on a backend other than
-    TensorFlow."""
-    return (dataset.in_memory and dataset.preprocessing == preprocessing.STANDARDIZE
+    than tf.data: in-memory images that are not resized (up to 64 px) on a
+    backend other than TensorFlow."""
+    return (dataset.in_memory and preprocessing.get(dataset.preprocessing).input_size is None
             and keras.backend.backend() != "tensorflow")
 
 
@@ -104,7 +104,8 @@ def _from_files(name, manual_dir):
     return directory
 
 
-def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None):
+def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,
+         preprocessing_choice=None):
     """Loads `name`: the embedded default or any TFDS image classification
     dataset with 'image' and 'label' features, prepared in `data_dir` on
     first use by TFDS's own builder (see `tfds_prepare`: offline from the
@@ -116,7 +117,13 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     `validation_examples`: hold out the last N examples of the training
     split and evaluate on them instead of the test split, to choose
     hyperparameters without the test set (`train_examples` then counts from
-    the start of the rest)."""
+    the start of the rest). `preprocessing_choice`: None (the images' own:
+    `preprocessing.for_images`), 'standardize' or 'mean_std' (`preprocessing.choose`)."""
+    if preprocessing_choice is not None:
+        preprocessing.choose(preprocessing_choice, name, (1, 1, 1))  # a bad choice fails before the data is read
+        dataset = load(name, data_dir, manual_dir, train_examples, validation_examples)
+        return dataclasses.replace(
+            dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape))
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
@@ -317,7 +324,8 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     """
     if numpy_feed(dataset):
         return numpy_data.train_batches(*dataset.train, dataset.num_classes, batch_size, epoch, seed, dataset.flip,
-                                        mixup_alpha, skip_batches, num_batches, shard=_process_shard())
+                                        mixup_alpha, skip_batches, num_batches, shard=_process_shard(),
+                                        prep=dataset.preprocessing)
     import tensorflow as tf
 
     num_classes = dataset.num_classes
@@ -359,7 +367,7 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     (the metrics are weighted: they see only the real examples)."""
     if numpy_feed(dataset):
         return numpy_data.eval_batches(*dataset.test, dataset.num_classes, batch_size, whole_batches,
-                                       shard=_process_shard())
+                                       shard=_process_shard(), prep=dataset.preprocessing)
     import tensorflow as tf
 
     prep = preprocessing.get(dataset.preprocessing)

@@ -1,7 +1,8 @@
 """Input pipelines in NumPy, for the JAX backend without TensorFlow.
 
-The same rules as `data`'s tf.data pipelines, for 'standardize' datasets
-(images up to 64 px): per-image standardization, pad 4 + random crop,
+The same rules as `data`'s tf.data pipelines, for datasets of images up to
+64 px: per-image standardization (or per-channel mean/std: `preprocessing`'s
+entry named by `prep`), pad 4 + random crop,
 left-right flip where the dataset allows it, mixup; evaluation batches padded
 with weight-0 copies. Images come as uint8 arrays: the embedded digits
 (`digits`) and Fashion-MNIST from its original files (`idx_images`, Debian's
@@ -62,13 +63,13 @@ def epoch_order(num_examples, batch_size, epoch, seed=0, num_batches=None):
     return order[: batches * batch_size].reshape(batches, batch_size)
 
 
-def augment(images, rngs, flip):
-    """`preprocessing`'s 'standardize' training augmentation of a uint8 batch:
-    standardize each image, pad 4 with zeros (the mean), crop back at a random
+def augment(images, rngs, flip, prep=preprocessing.STANDARDIZE):
+    """`preprocessing`'s training augmentation (entry `prep`) of a uint8 batch:
+    normalize each image, pad 4 with zeros (the mean), crop back at a random
     offset, flip left-right with probability 1/2 where `flip`. `rngs`: one
     generator per image (its draws depend on the image's place in the epoch
     only, so micro-batches of an accumulated step equal the whole batch)."""
-    x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
+    x = preprocessing.get(prep).numpy(images)
     n, height, width, _ = x.shape
     padded = np.pad(x, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
     u = np.array([rng.random(3) for rng in rngs]).reshape(n, 3)
@@ -87,25 +88,28 @@ def mixup(images, labels, rng, alpha):
     return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
 
 
-def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=True, mixup_alpha=0.0):
+def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=True, mixup_alpha=0.0,
+                prep=preprocessing.STANDARDIZE):
     """Batch `step` of an epoch whose `epoch_order` is `order`: (float32
     images, float32 one-hot labels), a function of (seed, epoch, step) only."""
     index = order[step]
     first = step * len(index)  # the batch's place in the epoch
-    x = augment(images[index], [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip)
+    x = augment(images[index], [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip,
+                prep)
     y = np.eye(num_classes, dtype=np.float32)[labels[index]]
     if mixup_alpha > 0:
         x, y = mixup(x, y, np.random.default_rng([seed, epoch, step, 2]), mixup_alpha)
     return x.astype(np.float32), y.astype(np.float32)
 
 
-def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, shard=(0, 1)):
+def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, shard=(0, 1),
+                 prep=preprocessing.STANDARDIZE):
     """The evaluation split's batches, as a `keras.utils.PyDataset`:
-    standardized images and one-hot labels; with `whole_batches`, (images,
+    normalized images (`preprocessing` entry `prep`) and one-hot labels; with `whole_batches`, (images,
     labels, weights) with copies of weight 0 filling the last batch (the
     metrics see only real examples). `shard`: (index, count) of this process
     among JAX's, which feeds its part of every batch (`_part`)."""
-    x = preprocessing.get(preprocessing.STANDARDIZE).numpy(images)
+    x = preprocessing.get(prep).numpy(images)
     y = np.eye(num_classes, dtype=np.float32)[labels]
     weights = np.ones(len(x), np.float32)
     if whole_batches:
@@ -148,11 +152,12 @@ def _part(batch, shard):
 
 
 def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=True, mixup_alpha=0.0, skip_batches=0,
-                  num_batches=None, shard=(0, 1)):
+                  num_batches=None, shard=(0, 1), prep=preprocessing.STANDARDIZE):
     """An epoch's training batches from `skip_batches` on, as a
     `keras.utils.PyDataset` that `fit` takes on every backend. `shard`:
     (index, count) of this process among JAX's; it gets its part of each
     global batch (`_part`), mixup included."""
     order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
     return _batches(len(order) - skip_batches, lambda i: _part(
-        train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha), shard))
+        train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha, prep),
+        shard))

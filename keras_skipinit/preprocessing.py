@@ -6,6 +6,9 @@
 |             | crop, flip where allowed (SkipInit §2.3)      | as it is                                 |
 | imagenet    | random-resized crop to 224 + flip, per-channel| shorter side to 256, center crop 224,    |
 |             | ImageNet mean/std                             | per-channel ImageNet mean/std            |
+| <dataset>_  | per-channel mean/std of the dataset's training| per-channel mean/std of the image as it  |
+| mean_std    | split (`CHANNEL_STATS`), pad 4 + random crop, | is (the papers' CIFAR normalization;     |
+|             | flip where allowed                            | `--preprocessing=mean_std`)              |
 
 A `Preprocessing` holds the TensorFlow forms (training's augmentation, and
 evaluation as `resize` then `normalize`, used by tf.data and by the
@@ -16,6 +19,7 @@ dataset's images need. TensorFlow is imported only by the TensorFlow forms.
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -25,14 +29,28 @@ IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CIFAR_PAD = 4
 CIFAR_MAX_SIZE = 64  # larger images are ImageNet-style
-STANDARDIZE, IMAGENET = "standardize", "imagenet"
+STANDARDIZE, IMAGENET, MEAN_STD = "standardize", "imagenet", "mean_std"
+# Per-channel mean and std of the pixels (0-255) of a dataset's whole training split: the statistics of its
+# '<dataset>_mean_std' entry (the papers' CIFAR normalization; issue 42's factor study). A dataset gets the
+# choice by a line here (tests recompute each from the data where it is at hand).
+CHANNEL_STATS = {
+    "fashion_mnist": ((72.94,), (90.02,)),  # 60,000 images
+    "mnist_embedded": ((33.42,), (78.61,)),  # its 4,000 training digits
+}
 
 
 def _standardize_train(image, key, flip):
     """Per-image standardization, pad-and-random-crop, optional flip (§2.3)."""
     import tensorflow as tf
 
-    image = tf.image.per_image_standardization(image)
+    return _pad_crop_flip(tf.image.per_image_standardization(image), key, flip)
+
+
+def _pad_crop_flip(image, key, flip):
+    """Pad 4 with zeros (the mean of a normalized image), crop back at a
+    random offset, optional left-right flip (SkipInit §2.3's augmentation)."""
+    import tensorflow as tf
+
     height, width, channels = image.shape
     padded = tf.pad(image, [[CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
     crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
@@ -90,6 +108,12 @@ def _imagenet_train(image, key, flip=True):
     return _imagenet_normalize(image)
 
 
+def _mean_std_train(image, key, flip, mean, std):
+    """Per-channel normalization by the dataset's statistics, then pad 4 +
+    random crop and flip where allowed (as 'standardize' does after its own)."""
+    return _pad_crop_flip(_channels(image, mean, std), key, flip)
+
+
 def _imagenet_resize(image):
     """Resize the shorter side to 256, center-crop 224 (float pixels)."""
     import tensorflow as tf
@@ -100,18 +124,23 @@ def _imagenet_resize(image):
     return tf.image.resize_with_crop_or_pad(image, IMAGENET_SIZE, IMAGENET_SIZE)
 
 
-def _imagenet_normalize(images):
-    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
+def _channels(images, mean, std):
+    """(x - mean) / std per channel, of an image or a batch (channels last)."""
     import tensorflow as tf
 
     channels = images.shape[-1]
-    return (tf.cast(images, tf.float32) - IMAGENET_MEAN[:channels]) / IMAGENET_STD[:channels]
+    return (tf.cast(images, tf.float32) - mean[:channels]) / std[:channels]
 
 
-def _imagenet_numpy(images):
+def _channels_numpy(images, mean, std):
     x = np.asarray(images, np.float64)
     channels = x.shape[-1]
-    return ((x - IMAGENET_MEAN[:channels]) / IMAGENET_STD[:channels]).astype("float32")
+    return ((x - mean[:channels]) / std[:channels]).astype("float32")
+
+
+def _imagenet_normalize(images):
+    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
+    return _channels(images, IMAGENET_MEAN, IMAGENET_STD)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +179,15 @@ PREPROCESSINGS = {
     STANDARDIZE: Preprocessing(STANDARDIZE, _standardize_train, None, _standardize, _standardize_batch,
                                  _standardize_numpy, None),
     IMAGENET: Preprocessing(IMAGENET, _imagenet_train, _imagenet_resize, _imagenet_normalize, _imagenet_normalize,
-                              _imagenet_numpy, IMAGENET_SIZE),
+                              functools.partial(_channels_numpy, mean=IMAGENET_MEAN, std=IMAGENET_STD), IMAGENET_SIZE),
 }
+for _dataset, (_mean, _std) in CHANNEL_STATS.items():
+    _normalize = functools.partial(_channels, mean=_mean, std=_std)
+    PREPROCESSINGS[f"{_dataset}_{MEAN_STD}"] = Preprocessing(
+        f"{_dataset}_{MEAN_STD}", functools.partial(_mean_std_train, mean=_mean, std=_std), None, _normalize,
+        _normalize, functools.partial(_channels_numpy, mean=_mean, std=_std), None)
 NAMES = tuple(PREPROCESSINGS)
+CHOICES = (STANDARDIZE, MEAN_STD)  # what a run of images up to 64 px may choose (`choose`)
 
 
 def get(name):
@@ -167,3 +202,21 @@ def for_images(image_shape):
     None where sizes vary) need: CIFAR-style up to 64 px, ImageNet-style above."""
     fixed = None not in image_shape[:2] and max(image_shape[:2]) <= CIFAR_MAX_SIZE
     return STANDARDIZE if fixed else IMAGENET
+
+
+def choose(choice, dataset, image_shape):
+    """The entry a run on `dataset` uses: its images' own (`for_images`)
+    where `choice` is None, else 'standardize' or 'mean_std' (the dataset's
+    `CHANNEL_STATS`) for images up to 64 px; one line for anything else."""
+    if choice is not None and choice not in CHOICES:
+        raise ValueError(f"preprocessing must be one of {CHOICES} (or unset: the dataset's own), got {choice!r}.")
+    own = for_images(image_shape)
+    if choice is None:
+        return own
+    if own != STANDARDIZE:
+        raise ValueError(f"--preprocessing={choice} is for images up to {CIFAR_MAX_SIZE} px; {dataset} has "
+                         f"{'x'.join(map(str, image_shape))} images, which take {own}.")
+    if choice == MEAN_STD and dataset not in CHANNEL_STATS:
+        raise ValueError(f"--preprocessing={MEAN_STD}: no channel statistics for {dataset!r} "
+                         f"(preprocessing.CHANNEL_STATS has {', '.join(CHANNEL_STATS)}; add its line there).")
+    return f"{dataset}_{MEAN_STD}" if choice == MEAN_STD else choice

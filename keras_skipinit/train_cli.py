@@ -14,7 +14,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, applications, data, files, normalization, run_dir, schedules, training
+from keras_skipinit import _cli, applications, data, files, normalization, preprocessing as preprocessing_lib, run_dir, schedules, training
 from keras_skipinit.applications import cifar_resnet
 
 _D = training.Config()
@@ -76,6 +76,12 @@ flags.DEFINE_integer(
     "Hold out the last N training examples and evaluate on them instead of the test split, to choose "
     "learning rates and epochs without the test set (results.json: eval_split 'validation').",
     lower_bound=1,
+)
+flags.DEFINE_enum(
+    "preprocessing", None, list(preprocessing_lib.CHOICES),
+    "Images up to 64 px: standardize (per image, SkipInit §2.3) or mean_std (per channel by the dataset's "
+    f"training-split statistics, the papers' CIFAR normalization; known for {', '.join(preprocessing_lib.CHANNEL_STATS)}). "
+    "Default: the dataset's own (standardize up to 64 px, imagenet above); exports carry the choice.",
 )
 flags.DEFINE_integer("batch_size", _D.batch_size, "Global batch size per optimizer update.", lower_bound=1)
 flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches accumulated per update (SkipInit §3).", lower_bound=1)

@@ -62,6 +62,7 @@ class Config:
     manual_dir: str | None = None
     train_examples: int | None = None
     validation_examples: int | None = None
+    preprocessing: str | None = None  # None: the images' own; 'standardize' or 'mean_std' (`preprocessing.choose`)
     batch_size: int = 32
     accumulation_steps: int = 1
     epochs: int = 12
@@ -263,7 +264,8 @@ def _train(config, strategy, out_dir, start, interrupt):
     model_dir, chief = config.model_dir, distribute.is_chief(strategy)
 
     dataset = data_lib.load(
-        config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples
+        config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples,
+        config.preprocessing,
     )
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)

@@ -240,24 +240,27 @@ def test_empty_batches_give_empty_outputs(exported):
 
 
 @pytest.mark.heavy
-def test_preprocessing_travels_inside_the_keras_file(tmp_path):
-    """An ImageNet-style model must be served with ImageNet preprocessing
-    (resize-256, center-crop 224, mean/std), read from the .keras file."""
-    model = apps.WideResNet(10, 1, input_shape=(224, 224, 3), classes=4, normalization="skipinit", alpha_init="one",
-                            seed=0)  # the preprocessing is the model's input, not its architecture
-    path = str(tmp_path / "imagenet_style.keras")
-    run_dir.save_model(model, path, "imagenet")
+@pytest.mark.parametrize("name,size,image_shape", [("imagenet", 224, (300, 260, 3)),
+                                                   ("mnist_embedded_mean_std", 28, (28, 28, 1))])
+def test_preprocessing_travels_inside_the_keras_file(name, size, image_shape, tmp_path):
+    """A model is served with the preprocessing it was trained with, read from
+    the .keras file: ImageNet-style (resize-256, center-crop 224, mean/std)
+    or a dataset's per-channel mean/std (its statistics in the graph)."""
+    model = apps.WideResNet(10, 1, input_shape=(size, size, image_shape[-1]), classes=4, normalization="skipinit",
+                            alpha_init="one", seed=0)  # the preprocessing is the model's input, not its architecture
+    path = str(tmp_path / "recorded.keras")
+    run_dir.save_model(model, path, name)
     loaded, recorded, _ = serving.load_source(path)
-    assert recorded == "imagenet"
+    assert recorded == name
     plain = str(tmp_path / "plain.keras")
     model.save(plain)  # not saved by train.py: no record
     with pytest.raises(ValueError, match="does not record the preprocessing.*--preprocessing"):
         serving.load_source(plain)
-    assert serving.load_source(plain, "imagenet")[1] == "imagenet"
-    exported = serving.export(loaded, str(tmp_path / "serving"), "inet", preprocessing=recorded, fold_layers=False)
-    image = RNG.integers(0, 256, (300, 260, 3)).astype("uint8")  # any size: resized and cropped in the graph
+    assert serving.load_source(plain, name)[1] == name
+    exported = serving.export(loaded, str(tmp_path / "serving"), "m", preprocessing=recorded, fold_layers=False)
+    image = RNG.integers(0, 256, image_shape).astype("uint8")  # ImageNet-style: any size, resized and cropped
     got = tf.saved_model.load(exported).signatures["serving_default"](images=tf.constant(image[None]))["probabilities"]
-    want = model(tf.expand_dims(preprocessing.get("imagenet").eval(tf.constant(image)), 0), training=False)
+    want = model(tf.expand_dims(preprocessing.get(name).eval(tf.constant(image)), 0), training=False)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 

@@ -123,6 +123,60 @@ def test_imagenet_preprocessing_shapes_and_center_crop():
     np.testing.assert_allclose(evaluated, want, atol=1e-4)
 
 
+def _crop_of(out, padded, size):
+    return any(np.allclose(out, padded[dy : dy + size, dx : dx + size], atol=1e-5) for dy in range(9) for dx in range(9))
+
+
+def test_mean_std_preprocessing_normalizes_by_the_datasets_statistics_in_every_form():
+    """'<dataset>_mean_std' (issue 42's factor): (x - mean) / std per channel
+    by CHANNEL_STATS, then standardize's pad-crop; the same in tf.data, the
+    exports' batch form and the NumPy feed."""
+    from keras_skipinit import numpy_data
+
+    prep = preprocessing.get("mnist_embedded_mean_std")
+    mean, std = preprocessing.CHANNEL_STATS["mnist_embedded"]
+    images = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1)).astype(np.uint8)
+    want = ((images - np.float64(mean)) / np.float64(std)).astype(np.float32)
+    np.testing.assert_allclose(prep.eval(tf.constant(images[0])), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prep.batch(tf.constant(images)), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(numpy_data.eval_batches(images, np.arange(4), 10, 4, prep=prep.name)[0][0], want,
+                               rtol=1e-5, atol=1e-6)
+    padded = np.pad(want, ((0, 0), (4, 4), (4, 4), (0, 0)))
+    out = prep.train(tf.constant(images[0]), data._element_seed(0, 0, 3), flip=False).numpy()
+    assert _crop_of(out, padded[0], 28)
+    order = numpy_data.epoch_order(4, 4, epoch=0)
+    fed, _ = numpy_data.train_batch(images, np.arange(4), 10, order, 0, 0, flip=False, prep=prep.name)
+    assert all(_crop_of(x, padded[i], 28) for x, i in zip(fed, order[0]))
+
+
+def test_channel_statistics_are_those_of_the_training_split():
+    """CHANNEL_STATS is data: each line recomputed from the dataset it names."""
+    from conftest import require_fashion_mnist
+    from keras_skipinit import numpy_data
+
+    (embedded, _), _ = digits.split()
+    fashion, _ = numpy_data.idx_images(require_fashion_mnist(), "train")
+    for name, images in (("mnist_embedded", embedded), ("fashion_mnist", fashion)):
+        x = images.astype(np.float64)
+        np.testing.assert_allclose(preprocessing.CHANNEL_STATS[name], (x.mean(axis=(0, 1, 2)), x.std(axis=(0, 1, 2))),
+                                   rtol=2e-4)
+
+
+def test_a_run_chooses_its_preprocessing_in_one_line():
+    """--preprocessing=mean_std resolves to the dataset's own statistics;
+    a dataset without them, ImageNet-size images or an unknown choice: one line."""
+    dataset = data.load(data.EMBEDDED, preprocessing_choice="mean_std")
+    assert dataset.preprocessing == "mnist_embedded_mean_std" and dataset.input_shape == (28, 28, 1)
+    assert data.load(data.EMBEDDED, preprocessing_choice="standardize").preprocessing == "standardize"
+    for choice, name, shape, message in (("mean_std", "cifar100", (32, 32, 3), "no channel statistics for 'cifar100'"),
+                                         ("mean_std", "imagenet2012", (None, None, 3), "up to 64 px"),
+                                         ("imagenet", "mnist_embedded", (28, 28, 1), "must be one of")):
+        with pytest.raises(ValueError, match=message):
+            preprocessing.choose(choice, name, shape)
+    with pytest.raises(ValueError, match="must be one of"):
+        data.load("no_such_dataset", preprocessing_choice="per_channel")  # before the data is looked for
+
+
 def test_mixup_is_a_convex_combination_with_reversed_batch():
     images = tf.constant(np.random.default_rng(0).normal(size=(4, 2, 2, 1)), tf.float32)
     labels = tf.one_hot([0, 1, 2, 3], 4)

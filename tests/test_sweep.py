@@ -151,7 +151,8 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
         key = "sqrt2" if config.normalization == "sqrt2" else config.normalization
         k, edge = round(math.log2(config.learning_rate)), edges[key]
         calls.append((key, k, config.seed))
-        assert (config.l2, config.mixup_alpha) == (2.5e-4, 0.0)  # --l2 reaches the runs (issue 42.2's factors)
+        # --l2 and --preprocessing reach the runs (issue 42.2's factors)
+        assert (config.l2, config.mixup_alpha, config.preprocessing) == (2.5e-4, 0.0, "mean_std")
         trains = edge is not None and (k <= edge or (k == edge + 1 and config.seed == 0))
         diverged = edge is not None and k > edge + 1
         return {"status": "diverged" if diverged else "completed", "test_top1": None if diverged else
@@ -160,7 +161,8 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
 
     fake_training(monkeypatch, train)
     args = ["--protocol=edge", "--depths=10", "--methods=skipinit,batchnorm,sqrt2", "--log2_lrs=-3", "--seeds=3",
-            "--best_k=2", "--centre_log2_lrs=skipinit=-4,batchnorm=0,sqrt2=-9", "--l2=2.5e-4", f"--out={tmp_path}"]
+            "--best_k=2", "--centre_log2_lrs=skipinit=-4,batchnorm=0,sqrt2=-9", "--l2=2.5e-4", "--preprocessing=mean_std",
+            f"--out={tmp_path}"]
     sweep.main(args)
     tried = {key: sorted({k for m, k, _ in calls if m == key}) for key in edges}
     assert tried == {"skipinit": [-5, -4, -3], "batchnorm": [-1, 0, 1, 2], "sqrt2": [-10, -9, -8]}

@@ -5,6 +5,7 @@ import math
 import os
 import sys
 
+from keras_skipinit import preprocessing
 from keras_skipinit.applications import MODELS
 from keras_skipinit.sweep import log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHODS, PRESETS
@@ -81,6 +82,8 @@ def parse_args(argv=None):
     parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
     parser.add_argument("--l2", type=float, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
     parser.add_argument("--mixup_alpha", type=float, default=None, help="train.py's --mixup_alpha (default 0: none)")
+    parser.add_argument("--preprocessing", choices=preprocessing.CHOICES, default=None,
+                        help="train.py's --preprocessing (default: the dataset's own)")
     parser.add_argument("--dataset", default="mnist_embedded")
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--manual_dir", default=None, help="train.py's --manual_dir (a dataset's original files)")

@@ -18,7 +18,7 @@ from keras_skipinit.sweep.presets import METHODS
 # differs by machine on purpose.
 _EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
                "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
-               "mixup_alpha")
+               "mixup_alpha", "preprocessing")
 
 
 def config(settings, run):
@@ -34,7 +34,7 @@ def config(settings, run):
         flag = norm_lib.OPTIONS[option].flag
         if getattr(settings, flag, None) is not None:
             overrides[flag] = getattr(settings, flag)
-    for name in ("l2", "mixup_alpha"):  # train.py's default unless the sweep sets it
+    for name in ("l2", "mixup_alpha", "preprocessing"):  # train.py's default unless the sweep sets it
         if getattr(settings, name, None) is not None:
             overrides[name] = getattr(settings, name)
     micro = min(batch, settings.micro_batch_size or batch)
