@@ -15,7 +15,9 @@ Two feeds, one choice (`numpy_feed`): on TensorFlow, tf.data; on other
 backends, datasets held in memory (the embedded digits; Fashion-MNIST read
 from its original files; TFDS datasets of images up to 64 px prepared as
 array_record, read through `tfds.data_source`) are fed by `numpy_data`, with
-no TensorFlow in the process. Other TFDS datasets go through tf.data there.
+no TensorFlow in the process; so are ImageNet-style TFDS datasets prepared as
+array_record where TensorFlow is not installed (`numpy_data.Records`, read per
+batch). Where it is, other TFDS datasets go through tf.data.
 """
 
 import dataclasses
@@ -38,8 +40,8 @@ _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 @dataclasses.dataclass
 class Dataset:
     name: str
-    # Unbatched (uint8 image, int label) examples: a tf.data.Dataset, or in memory an (images, labels) pair of
-    # NumPy arrays (`in_memory`; `as_tf_data` gives either as tf.data).
+    # Unbatched (uint8 image, int label) examples: a tf.data.Dataset, in memory an (images, labels) pair of
+    # NumPy arrays (`in_memory`; `as_tf_data` gives either as tf.data), or a `numpy_data.Records` read per batch.
     train: object
     test: object
     num_train: int
@@ -59,6 +61,11 @@ class Dataset:
     def in_memory(self):
         return isinstance(self.train, tuple)
 
+    @property
+    def random_access(self):
+        """Read by index (`numpy_data`): in memory, or `numpy_data.Records`."""
+        return self.in_memory or isinstance(self.train, numpy_data.Records)
+
 
 def as_tf_data(split):
     """A Dataset's split as an unbatched tf.data.Dataset."""
@@ -71,10 +78,13 @@ def as_tf_data(split):
 
 def numpy_feed(dataset):
     """Whether training and evaluation batches come from `numpy_data` rather
-    than tf.data: in-memory images that are not resized (up to 64 px) on a
-    backend other than TensorFlow."""
-    return (dataset.in_memory and preprocessing.get(dataset.preprocessing).input_size is None
-            and keras.backend.backend() != "tensorflow")
+    than tf.data: data read by index on a backend other than TensorFlow."""
+    return dataset.random_access and keras.backend.backend() != "tensorflow"
+
+
+def _pair(split):
+    """A random-access split as numpy_data's (images, labels): arrays, or (`Records`, None)."""
+    return split if isinstance(split, tuple) else (split, None)
 
 
 def _process_shard():
@@ -211,23 +221,22 @@ def _check_classification(builder):
 
 
 def _random_access(builder, test_split):
-    """On backends other than TensorFlow: the ((images, labels), (images,
-    labels)) arrays of a TFDS dataset prepared in a random-access format
-    (array_record), read through `tfds.data_source` (no TensorFlow; its
-    images decoded by PIL), or None where tf.data reads it (TensorFlow
-    installed). Whole splits in memory: 'standardize' datasets only (images
-    up to 64 px); ImageNet-style ones need tf.data. Preparing a dataset needs
-    TensorFlow (TFDS encodes its images with it): once, anywhere."""
+    """On backends other than TensorFlow: the train and test splits of a TFDS
+    dataset prepared in a random-access format (array_record), read through
+    `tfds.data_source` (no TensorFlow; its images decoded by PIL), or None
+    where tf.data reads it (TensorFlow installed). Images up to 64 px: whole
+    splits in memory, as (images, labels) arrays; ImageNet-style datasets
+    where TensorFlow is not installed: `numpy_data.Records`, read per batch
+    (where it is, tf.data decodes them in parallel). Preparing a dataset
+    needs TensorFlow (TFDS encodes its images with it): once, anywhere."""
     name, info = builder.name, builder.info
     if keras.backend.backend() == "tensorflow":
         return None
     with_tf = _startup.installed("tensorflow")
     shape = tuple(info.features["image"].shape)
-    if preprocessing.for_images(shape) != preprocessing.STANDARDIZE:
-        if with_tf:
-            return None
-        raise ValueError(f"dataset {name!r} ({'x'.join(map(str, shape))} images) takes ImageNet-style preprocessing, "
-                         "which runs in tf.data only: install TensorFlow (pip install -e \".[tensorflow]\")")
+    whole = preprocessing.for_images(shape) == preprocessing.STANDARDIZE
+    if not whole and with_tf:
+        return None
     from tensorflow_datasets.core import file_adapters
 
     formats = info.available_file_formats() if builder.is_prepared() else set()
@@ -239,14 +248,16 @@ def _random_access(builder, test_split):
             f"dataset {name!r} without TensorFlow is read through tfds.data_source, which needs it prepared as "
             f"array_record in {builder.data_dir_root} ({found}); preparing needs TensorFlow, once: "
             f"`tfds build {name} --file_format=array_record --data_dir=DIR` where it is installed, then --data_dir=DIR")
-    print(f"Reading {name} through tfds.data_source ({builder.data_dir}).", flush=True)
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)  # TFDS's advice to install OpenCV (faster decoding) on every read
-    try:
-        return tuple(_read_all(source) for source in builder.as_data_source(split=["train", test_split]))
-    finally:
-        absl_logger.setLevel(level)
+    print(f"Reading {name} through tfds.data_source ({builder.data_dir}"
+          f"{')' if whole else '; images decoded per batch)'}.", flush=True)
+    logging.getLogger("absl").addFilter(_no_opencv_advice)
+    sources = builder.as_data_source(split=["train", test_split])
+    return tuple(_read_all(source) if whole else numpy_data.Records(source, shape) for source in sources)
+
+
+def _no_opencv_advice(record):
+    """A logging filter: drops TFDS's advice to install OpenCV (it decodes faster than PIL) on reading."""
+    return "OpenCV is not installed" not in record.getMessage()
 
 
 def _read_all(source):
@@ -260,18 +271,22 @@ def _read_all(source):
 
 
 def _in_memory(name, train, test, train_examples, held_out, flip, label_names):
-    """A Dataset of (images, labels) arrays: the last `held_out` training
-    examples evaluated instead of `test`, the first `train_examples` of the
-    rest trained on."""
-    (xtr, ytr), (xte, yte) = train, test
-    _check_subset(name, train_examples, held_out, len(xtr))
+    """A Dataset read by index: (images, labels) arrays or `numpy_data.Records`;
+    the last `held_out` training examples evaluated instead of `test`, the
+    first `train_examples` of the rest trained on."""
+    def part(split, start, stop):
+        return split[start:stop] if isinstance(split, numpy_data.Records) else tuple(a[start:stop] for a in split)
+
+    available = len(_pair(train)[0])
+    _check_subset(name, train_examples, held_out, available)
     if held_out:
-        (xtr, ytr), (xte, yte) = (xtr[:-held_out], ytr[:-held_out]), (xtr[-held_out:], ytr[-held_out:])
+        train, test = part(train, None, -held_out), part(train, -held_out, None)
     if train_examples is not None:
-        xtr, ytr = xtr[:train_examples], ytr[:train_examples]
-    return Dataset(name, (xtr, ytr), (xte, yte), len(xtr), len(xte), len(label_names), xtr.shape[1:],
-                   preprocessing.for_images(xtr.shape[1:]), flip=flip,
-                   eval_split="validation" if held_out else "test", label_names=label_names)
+        train = part(train, None, train_examples)
+    (xtr, _), (xte, _) = _pair(train), _pair(test)
+    shape = xtr.image_shape if isinstance(xtr, numpy_data.Records) else xtr.shape[1:]
+    return Dataset(name, train, test, len(xtr), len(xte), len(label_names), shape, preprocessing.for_images(shape),
+                   flip=flip, eval_split="validation" if held_out else "test", label_names=label_names)
 
 
 def _flips(name):
@@ -323,7 +338,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     (`numpy_data`'s generators: the same distribution, not the same bits).
     """
     if numpy_feed(dataset):
-        return numpy_data.train_batches(*dataset.train, dataset.num_classes, batch_size, epoch, seed, dataset.flip,
+        return numpy_data.train_batches(*_pair(dataset.train), dataset.num_classes, batch_size, epoch, seed, dataset.flip,
                                         mixup_alpha, skip_batches, num_batches, shard=_process_shard(),
                                         prep=dataset.preprocessing)
     import tensorflow as tf
@@ -366,7 +381,7 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     (image, label, weight) with copies of weight 0 that fill the last batch
     (the metrics are weighted: they see only the real examples)."""
     if numpy_feed(dataset):
-        return numpy_data.eval_batches(*dataset.test, dataset.num_classes, batch_size, whole_batches,
+        return numpy_data.eval_batches(*_pair(dataset.test), dataset.num_classes, batch_size, whole_batches,
                                        shard=_process_shard(), prep=dataset.preprocessing)
     import tensorflow as tf
 

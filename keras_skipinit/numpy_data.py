@@ -1,12 +1,14 @@
 """Input pipelines in NumPy, for the JAX backend without TensorFlow.
 
-The same rules as `data`'s tf.data pipelines, for datasets of images up to
-64 px: per-image standardization (or per-channel mean/std: `preprocessing`'s
-entry named by `prep`), pad 4 + random crop,
+The same rules as `data`'s tf.data pipelines (`preprocessing`'s entry named
+by `prep`): for images up to 64 px, per-image standardization (or per-channel
+mean/std), pad 4 + random crop; ImageNet-style, a random-resized crop to 224
+(evaluation: `preprocessing.resize_bilinear`, the same pixels as TensorFlow's);
 left-right flip where the dataset allows it, mixup; evaluation batches padded
-with weight-0 copies. Images come as uint8 arrays: the embedded digits
-(`digits`) and Fashion-MNIST from its original files (`idx_images`, Debian's
-dataset-fashion-mnist).
+with weight-0 copies. Images come as uint8 arrays (the embedded digits,
+Fashion-MNIST from its original files: `idx_images`, small TFDS datasets read
+whole) or, too large for memory, as `Records` of a random-access source read
+and decoded per batch (ImageNet-style TFDS datasets prepared as array_record).
 
 Resuming: a batch is a pure function of (seed, epoch, step). The order of an
 epoch is the concatenation of permutations drawn from generators seeded by
@@ -51,6 +53,54 @@ def idx_images(directory, split):
     return images, np.frombuffer(raw, np.uint8, offset=8).astype(np.int64)
 
 
+class Records:
+    """Examples [start, stop) of a random-access source of {'image', 'label'}
+    records (`tfds.data_source`), read and decoded per batch. Sliced like an
+    array (`records[:n]`: a view); `image_shape`: the dataset's (H, W, C),
+    None where sizes vary."""
+
+    def __init__(self, source, image_shape, start=0, stop=None):
+        self.source, self.image_shape = source, tuple(image_shape)
+        self.start, self.stop = start, len(source) if stop is None else stop
+
+    def __len__(self):
+        return self.stop - self.start
+
+    def __getitem__(self, part):
+        start, stop, step = part.indices(len(self))
+        if step != 1:
+            raise ValueError("Records slices are contiguous")
+        return Records(self.source, self.image_shape, self.start + start, self.start + max(start, stop))
+
+    def take(self, index):
+        """(list of uint8 images, int64 labels) at positions `index`."""
+        records = self.source.__getitems__([self.start + int(i) for i in index])
+        return [np.asarray(r["image"], np.uint8) for r in records], np.array([r["label"] for r in records], np.int64)
+
+
+def _take(images, labels, index):
+    """Images and labels at `index`: of arrays, or (`labels` None) of `Records`."""
+    return images.take(index) if labels is None else (images[index], labels[index])
+
+
+def random_resized_crop(image, rng, size, flip):
+    """'imagenet' training augmentation of one uint8 image in NumPy: a crop of
+    8-100% of the area and aspect ratio 3/4-4/3 (10 tries, else the whole
+    image), bilinear to size x size, flipped with probability 1/2 where
+    `flip`. The distribution of `_imagenet_train`'s crop, drawn by NumPy."""
+    height, width = image.shape[:2]
+    top, left, crop_h, crop_w = 0, 0, height, width
+    for _ in range(10):
+        area = rng.uniform(0.08, 1.0) * height * width
+        aspect = rng.uniform(3 / 4, 4 / 3)
+        h, w = int(round(np.sqrt(area / aspect))), int(round(np.sqrt(area * aspect)))
+        if 0 < h <= height and 0 < w <= width:
+            top, left, crop_h, crop_w = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
+            break
+    out = preprocessing.resize_bilinear(image[top : top + crop_h, left : left + crop_w], size, size)
+    return out[:, ::-1] if flip and rng.random() < 0.5 else out
+
+
 def epoch_order(num_examples, batch_size, epoch, seed=0, num_batches=None):
     """Example indices of an epoch's batches, (batches, batch_size): one pass
     in a seeded order (the last partial batch dropped), or exactly
@@ -68,7 +118,13 @@ def augment(images, rngs, flip, prep=preprocessing.STANDARDIZE):
     normalize each image, pad 4 with zeros (the mean), crop back at a random
     offset, flip left-right with probability 1/2 where `flip`. `rngs`: one
     generator per image (its draws depend on the image's place in the epoch
-    only, so micro-batches of an accumulated step equal the whole batch)."""
+    only, so micro-batches of an accumulated step equal the whole batch).
+    Where `prep` resizes (ImageNet-style; `images` may then be a list of
+    any sizes): `random_resized_crop` each, then normalize."""
+    resized = preprocessing.get(prep).input_size
+    if resized is not None:
+        return preprocessing.get(prep).numpy(np.stack([
+            random_resized_crop(image, rng, resized, flip) for image, rng in zip(images, rngs)]))
     x = preprocessing.get(prep).numpy(images)
     n, height, width, _ = x.shape
     padded = np.pad(x, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
@@ -91,12 +147,14 @@ def mixup(images, labels, rng, alpha):
 def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=True, mixup_alpha=0.0,
                 prep=preprocessing.STANDARDIZE):
     """Batch `step` of an epoch whose `epoch_order` is `order`: (float32
-    images, float32 one-hot labels), a function of (seed, epoch, step) only."""
+    images, float32 one-hot labels), a function of (seed, epoch, step) only.
+    `images`, `labels`: arrays, or `Records` and None."""
     index = order[step]
     first = step * len(index)  # the batch's place in the epoch
-    x = augment(images[index], [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip,
+    images, labels = _take(images, labels, index)
+    x = augment(images, [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip,
                 prep)
-    y = np.eye(num_classes, dtype=np.float32)[labels[index]]
+    y = np.eye(num_classes, dtype=np.float32)[labels]
     if mixup_alpha > 0:
         x, y = mixup(x, y, np.random.default_rng([seed, epoch, step, 2]), mixup_alpha)
     return x.astype(np.float32), y.astype(np.float32)
@@ -108,29 +166,37 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, s
     normalized images (`preprocessing` entry `prep`) and one-hot labels; with `whole_batches`, (images,
     labels, weights) with copies of weight 0 filling the last batch (the
     metrics see only real examples). `shard`: (index, count) of this process
-    among JAX's, which feeds its part of every batch (`_part`)."""
-    x = preprocessing.get(prep).numpy(images)
-    y = np.eye(num_classes, dtype=np.float32)[labels]
-    weights = np.ones(len(x), np.float32)
-    if whole_batches:
-        fill = -len(x) % batch_size
-        take = np.arange(fill) % len(x)
-        x, y = np.concatenate([x, x[take]]), np.concatenate([y, y[take]])
-        weights = np.concatenate([weights, np.zeros(fill, np.float32)])
+    among JAX's, which feeds its part of every batch (`_part`). `images`,
+    `labels`: arrays, or `Records` and None (read per batch)."""
+    count = len(images)
+    index = np.arange(count + (-count % batch_size if whole_batches else 0))
+    weights = (index < count).astype(np.float32)
 
     def batch(i):
-        rows = slice(i * batch_size, (i + 1) * batch_size)
-        return _part((x[rows], y[rows], weights[rows]) if whole_batches else (x[rows], y[rows]), shard)
+        rows = index[i * batch_size : (i + 1) * batch_size]
+        x, y = _take(images, labels, rows % count)
+        x, y = preprocessing.get(prep).numpy_eval(x), np.eye(num_classes, dtype=np.float32)[y]
+        return _part((x, y, weights[rows]) if whole_batches else (x, y), shard)
 
-    return _batches(-(-len(x) // batch_size), batch)
+    return _batches(-(-len(index) // batch_size), batch, workers=_workers(labels))
 
 
-def _batches(count, batch):
+def _workers(labels):
+    """Threads that read batches: several where each batch decodes images
+    (`Records`: PIL releases the GIL), else one."""
+    return min(8, os.cpu_count() or 1) if labels is None else 1
+
+
+def _batches(count, batch, workers=1):
     """`count` batches, batch(i) the i-th, as a `keras.utils.PyDataset` (what
-    `fit` and `evaluate` take on every backend)."""
+    `fit` and `evaluate` take on every backend; a batch depends on i only,
+    so `workers` threads change no result)."""
     import keras
 
     class Batches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=workers)
+
         def __len__(self):
             return count
 
@@ -160,4 +226,4 @@ def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=T
     order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
     return _batches(len(order) - skip_batches, lambda i: _part(
         train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha, prep),
-        shard))
+        shard), workers=_workers(labels))

@@ -138,6 +138,34 @@ def _channels_numpy(images, mean, std):
     return ((x - mean[:channels]) / std[:channels]).astype("float32")
 
 
+def resize_bilinear(image, height, width):
+    """`tf.image.resize`'s bilinear resize (half-pixel centers, no
+    antialiasing) of one HxWxC image in NumPy, float32."""
+    x = np.asarray(image, np.float32)
+
+    def taps(out, size):
+        where = (np.arange(out, dtype=np.float32) + 0.5) * np.float32(size / out) - 0.5
+        low = np.floor(where)
+        return (np.clip(low, 0, size - 1).astype(int), np.clip(low + 1, 0, size - 1).astype(int),
+                (where - low).astype(np.float32))
+
+    (top, bottom, dy), (left, right, dx) = taps(height, x.shape[0]), taps(width, x.shape[1])
+    dx = dx[None, :, None]
+    upper = x[top][:, left] + (x[top][:, right] - x[top][:, left]) * dx
+    lower = x[bottom][:, left] + (x[bottom][:, right] - x[bottom][:, left]) * dx
+    return upper + (lower - upper) * dy[:, None, None]
+
+
+def _imagenet_resize_numpy(image):
+    """`_imagenet_resize` in NumPy: shorter side to 256 (TF's float32
+    arithmetic and round-half-to-even), center crop 224."""
+    shape = np.array(image.shape[:2], np.float32)
+    height, width = np.round(shape * (np.float32(IMAGENET_RESIZE) / shape.min())).astype(int)
+    resized = resize_bilinear(image, height, width)
+    top, left = (height - IMAGENET_SIZE) // 2, (width - IMAGENET_SIZE) // 2
+    return resized[top : top + IMAGENET_SIZE, left : left + IMAGENET_SIZE]
+
+
 def _imagenet_normalize(images):
     """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
     return _channels(images, IMAGENET_MEAN, IMAGENET_STD)
@@ -154,6 +182,7 @@ class Preprocessing:
     - normalize(images): pixels of model-sized images (one or a batch).
     - batch(images): `normalize` of a uint8 batch in built-in ops only.
     - numpy(images): `normalize` of a batch in NumPy.
+    - numpy_resize(image): `resize` in NumPy (None where `resize` is).
     """
 
     name: str
@@ -163,10 +192,18 @@ class Preprocessing:
     batch: object
     numpy: object
     input_size: int | None  # the model's input size it makes; None: the images' own
+    numpy_resize: object = None
 
     def eval(self, image):
         """Evaluation preprocessing of one uint8 image, as in tf.data."""
         return self.normalize(image if self.resize is None else self.resize(image))
+
+    def numpy_eval(self, images):
+        """`eval` of a batch (an array, or a list of images of any size where
+        the preprocessing resizes them) in NumPy."""
+        if self.numpy_resize is not None:
+            images = np.stack([self.numpy_resize(image) for image in images])
+        return self.numpy(images)
 
     def input_shape(self, image_shape):
         """The model's input shape for images of `image_shape` (H, W, C)."""
@@ -179,7 +216,8 @@ PREPROCESSINGS = {
     STANDARDIZE: Preprocessing(STANDARDIZE, _standardize_train, None, _standardize, _standardize_batch,
                                  _standardize_numpy, None),
     IMAGENET: Preprocessing(IMAGENET, _imagenet_train, _imagenet_resize, _imagenet_normalize, _imagenet_normalize,
-                              functools.partial(_channels_numpy, mean=IMAGENET_MEAN, std=IMAGENET_STD), IMAGENET_SIZE),
+                              functools.partial(_channels_numpy, mean=IMAGENET_MEAN, std=IMAGENET_STD), IMAGENET_SIZE,
+                              _imagenet_resize_numpy),
 }
 for _dataset, (_mean, _std) in CHANNEL_STATS.items():
     _normalize = functools.partial(_channels, mean=_mean, std=_std)

@@ -70,3 +70,56 @@ def test_fashion_mnist_files_read_as_their_format_says():
     assert train.shape == (60000, 28, 28, 1) and test.shape == (10000, 28, 28, 1) and train.dtype == np.uint8
     assert np.bincount(train_labels).tolist() == [6000] * 10 and np.bincount(test_labels).tolist() == [1000] * 10
     assert 70 < train.mean() < 80  # Fashion-MNIST's mean pixel is 72.9 (digits: 33)
+
+
+class _Source:
+    """A random-access source of {'image', 'label'} records, as tfds.data_source gives; counts reads."""
+
+    def __init__(self, images, labels):
+        self.images, self.labels, self.reads = images, labels, 0
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitems__(self, index):
+        self.reads += len(index)
+        return [{"image": self.images[i], "label": self.labels[i]} for i in index]
+
+
+def test_records_read_per_batch_give_the_batches_arrays_give():
+    """Datasets too large for memory (`Records`, ImageNet-style TFDS data) are
+    read per batch, a slice is a view, and the batches equal those of the
+    same examples held as arrays (training and padded evaluation)."""
+    images, labels = digits.load()
+    source = _Source(images[:60], labels[:60])
+    records = numpy_data.Records(source, (28, 28, 1))[10:50]
+    assert len(records) == 40 and source.reads == 0
+    arrays = images[10:50], labels[10:50]
+    kwargs = dict(epoch=2, seed=3, flip=False, mixup_alpha=0.2)
+    lazy = numpy_data.train_batches(records, None, 10, 8, **kwargs)
+    assert len(lazy) == 5 and source.reads == 0
+    for a, b in zip(lazy[3], numpy_data.train_batches(*arrays, 10, 8, **kwargs)[3]):
+        np.testing.assert_array_equal(a, b)
+    assert source.reads == 8  # one batch read
+    for a, b in zip(numpy_data.eval_batches(records, None, 10, 16, whole_batches=True)[2],
+                    numpy_data.eval_batches(*arrays, 10, 16, whole_batches=True)[2]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_random_resized_crop_is_a_resized_window_flipped_about_half_the_time():
+    """'imagenet' training augmentation in NumPy: a window of 8-100% of the
+    area (aspect 3/4-4/3) resized to the model's size, mirrored with
+    probability 1/2 (the image's column index as its pixel value shows both)."""
+    height, width = 60, 80
+    image = np.broadcast_to(np.arange(width, dtype=np.uint8)[None, :, None], (height, width, 3)).copy()
+    spans, flips = [], 0
+    for i in range(64):
+        out = numpy_data.random_resized_crop(image, np.random.default_rng([0, i]), 32, flip=True)
+        assert out.shape == (32, 32, 3) and out.dtype == np.float32
+        row = out[0, :, 0]
+        flipped = row[0] > row[-1]
+        flips += flipped
+        assert np.all(np.diff(row[::-1] if flipped else row) >= -1e-4)  # one window, no wrap
+        spans.append((row.max() - row.min() + 1) / width)
+    assert 15 < flips < 50
+    assert min(spans) < 0.5 and max(spans) > 0.8  # windows of many widths

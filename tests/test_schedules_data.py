@@ -121,6 +121,11 @@ def test_imagenet_preprocessing_shapes_and_center_crop():
     top, left = (256 - 224) // 2, (341 - 224) // 2
     want = (resized[top : top + 224, left : left + 224] - preprocessing.IMAGENET_MEAN) / preprocessing.IMAGENET_STD
     np.testing.assert_allclose(evaluated, want, atol=1e-4)
+    # The NumPy form (JAX without TensorFlow) makes the same pixels, any size in.
+    for shape in ((300, 400, 3), (257, 90, 3), (80, 72, 1)):
+        other = np.random.default_rng(1).integers(0, 255, shape).astype(np.uint8)
+        np.testing.assert_allclose(preprocessing.get("imagenet").numpy_eval([other])[0],
+                                   preprocessing.get("imagenet").eval(tf.constant(other)).numpy(), atol=1e-4)
 
 
 def _crop_of(out, padded, size):

@@ -71,14 +71,17 @@ def test_fashion_mnist_is_read_from_its_original_files():
 
 
 def _sample_builder(name, images, labels, test_images, test_labels):
-    """A TFDS builder of the given arrays (not registered: read back from its files)."""
+    """A TFDS builder of the given images (an array, or a list of images of
+    varying sizes) and labels (not registered: read back from its files)."""
     import tensorflow_datasets as tfds
+
+    shape = images.shape[1:] if isinstance(images, np.ndarray) else (None, None, images[0].shape[-1])
 
     class Sample(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            features = tfds.features.FeaturesDict({"image": tfds.features.Image(shape=images.shape[1:]),
+            features = tfds.features.FeaturesDict({"image": tfds.features.Image(shape=shape),
                                                    "label": tfds.features.ClassLabel(num_classes=10)})
             return tfds.core.DatasetInfo(builder=self, features=features, supervised_keys=("image", "label"))
 
@@ -113,13 +116,17 @@ folder, empty = sys.argv[1:]
 dataset = data.load("digit_sample", data_dir=folder, train_examples=40)
 x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
 np.savez(os.path.join(folder, "read.npz"), *dataset.train, *dataset.test)
+large = data.load("large_sample", data_dir=folder)  # ImageNet-style: read per batch
+train = data.first_batch(data.train_pipeline(large, 4, epoch=0))[0]
+np.savez(os.path.join(folder, "large.npz"), train=train, eval=data.first_batch(data.eval_pipeline(large, 4))[0])
 errors = []
-for name, where in (("cifar10", empty), ("large_sample", folder), ("digit_sampel", empty)):
+for name, where in (("cifar10", empty), ("digit_sampel", empty)):
     try:
         data.load(name, data_dir=where)
     except ValueError as e:
         errors.append(str(e))
 print(json.dumps({"numpy_feed": data.numpy_feed(dataset), "batch": [x.shape, y.shape], "errors": errors,
+                  "large": [data.numpy_feed(large), large.preprocessing, type(large.train).__name__],
                   "tensorflow": "tensorflow" in sys.modules}))
 """
 
@@ -130,10 +137,11 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     """Any TFDS image dataset prepared as array_record (here, where TensorFlow
     is installed, as `tfds build --file_format=array_record` would) is read on
     JAX by a Python that cannot import TensorFlow: the same examples in the
-    same order as tf.data reads them, fed by NumPy. Not prepared so, with
-    ImageNet-style preprocessing, or a name TFDS does not know (its
-    suggestions once fetched the community index, which crashed without
-    TensorFlow): one line saying what to do."""
+    same order as tf.data reads them, fed by NumPy; ImageNet-style ones
+    (images of any size) read per batch, evaluated as TensorFlow's pipeline
+    and the exports preprocess them. Not prepared so, or a name TFDS does not
+    know (its suggestions once fetched the community index, which crashed
+    without TensorFlow): one line saying what to do."""
     require_module("jax", 'pip install -e ".[jax]"')
     require_module("array_record", 'pip install -e ".[tfds]"')
     from keras_skipinit import digits
@@ -143,20 +151,30 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     sample = _sample_builder("digit_sample", x[:48], y[:48], xt[:16], yt[:16])
     sample(data_dir=str(folder), file_format="array_record").download_and_prepare()
     sample(data_dir=str(tmp_path / "tfrecord")).download_and_prepare()  # what tf.data reads
-    big = np.zeros((2, 72, 72, 3), np.uint8)
-    _sample_builder("large_sample", big, y[:2], big, y[:2])(
+    rng = np.random.default_rng(0)
+    big = [rng.integers(0, 256, (h, w, 3)).astype(np.uint8) for h, w in ((72, 90), (120, 66), (81, 81), (64, 200))]
+    _sample_builder("large_sample", big, y[:4], big, y[:4])(
         data_dir=str(folder), file_format="array_record").download_and_prepare()
     empty.mkdir()
     proc = run(["-c", READ_WITHOUT_TENSORFLOW, str(folder), str(empty)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["numpy_feed"] and not out["tensorflow"] and out["batch"] == [[8, 28, 28, 1], [8, 10]]
-    not_prepared, imagenet, typo = out["errors"]
+    assert out["large"] == [True, "imagenet", "Records"]
+    not_prepared, typo = out["errors"]
     assert "tfds build cifar10 --file_format=array_record" in not_prepared and "not prepared" in not_prepared
-    assert "ImageNet-style" in imagenet and "72x72x3" in imagenet
     assert typo.startswith("unknown dataset 'digit_sampel'")  # the suggestions leave out the community index
 
+    import tensorflow as tf
     import tensorflow_datasets as tfds
+
+    from keras_skipinit import preprocessing
+
+    large = np.load(folder / "large.npz")
+    stored = tfds.builder("large_sample", data_dir=str(folder)).as_data_source("test")
+    want = [preprocessing.get("imagenet").eval(tf.constant(stored[i]["image"])).numpy() for i in range(4)]
+    np.testing.assert_allclose(large["eval"], np.stack(want), atol=1e-4)  # the pixels TensorFlow's pipeline makes
+    assert large["train"].shape == (4, 224, 224, 3) and np.isfinite(large["train"]).all()
 
     read = np.load(folder / "read.npz")
     builder = tfds.builder("digit_sample", data_dir=str(tmp_path / "tfrecord"))
