@@ -134,9 +134,9 @@ def _channels(images, mean, std):
 
 
 def _channels_numpy(images, mean, std):
-    x = np.asarray(images, np.float64)
+    x = np.asarray(images, np.float32)  # float32, as `_channels` computes it
     channels = x.shape[-1]
-    return ((x - mean[:channels]) / std[:channels]).astype("float32")
+    return (x - np.float32(mean[:channels])) / np.float32(std[:channels])
 
 
 def resize_bilinear(image, height, width):
@@ -152,8 +152,9 @@ def resize_bilinear(image, height, width):
 
     (top, bottom, dy), (left, right, dx) = taps(height, x.shape[0]), taps(width, x.shape[1])
     dx = dx[None, :, None]
-    upper = x[top][:, left] + (x[top][:, right] - x[top][:, left]) * dx
-    lower = x[bottom][:, left] + (x[bottom][:, right] - x[bottom][:, left]) * dx
+    upper, lower = x[top], x[bottom]  # TF's order: along each row first, then between the rows
+    upper = upper[:, left] + (upper[:, right] - upper[:, left]) * dx
+    lower = lower[:, left] + (lower[:, right] - lower[:, left]) * dx
     return upper + (lower - upper) * dy[:, None, None]
 
 
