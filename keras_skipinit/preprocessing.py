@@ -136,13 +136,16 @@ def _channels(images, mean, std):
 def _channels_numpy(images, mean, std):
     x = np.asarray(images, np.float32)  # float32, as `_channels` computes it
     channels = x.shape[-1]
-    return (x - np.float32(mean[:channels])) / np.float32(std[:channels])
+    out = x - np.float32(mean[:channels])
+    out /= np.float32(std[:channels])
+    return out
 
 
 def resize_bilinear(image, height, width):
     """`tf.image.resize`'s bilinear resize (half-pixel centers, no
-    antialiasing) of one HxWxC image in NumPy, float32."""
-    x = np.asarray(image, np.float32)
+    antialiasing) of one HxWxC image in NumPy, float32. The four corner
+    pixels are gathered before the cast (a uint8 crop is not copied whole)."""
+    x = np.asarray(image)
 
     def taps(out, size):
         where = (np.arange(out, dtype=np.float32) + 0.5) * np.float32(size / out) - 0.5
@@ -152,9 +155,11 @@ def resize_bilinear(image, height, width):
 
     (top, bottom, dy), (left, right, dx) = taps(height, x.shape[0]), taps(width, x.shape[1])
     dx = dx[None, :, None]
-    upper, lower = x[top], x[bottom]  # TF's order: along each row first, then between the rows
-    upper = upper[:, left] + (upper[:, right] - upper[:, left]) * dx
-    lower = lower[:, left] + (lower[:, right] - lower[:, left]) * dx
+    above, below = x[top], x[bottom]
+    top_left, top_right, bottom_left, bottom_right = (
+        rows[:, cols].astype(np.float32) for rows in (above, below) for cols in (left, right))
+    upper = top_left + (top_right - top_left) * dx  # TF's order: along each row first, then between the rows
+    lower = bottom_left + (bottom_right - bottom_left) * dx
     return upper + (lower - upper) * dy[:, None, None]
 
 
