@@ -24,7 +24,7 @@ import time
 import _common
 import numpy as np
 
-from keras_skipinit import data, numpy_data
+from keras_skipinit import data, numpy_data, tfds_prepare
 
 BATCH = 64
 
@@ -70,7 +70,7 @@ def main():
     args = parser.parse_args()
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-    logging.getLogger("absl").addFilter(data._no_opencv_advice)
+    logging.getLogger("absl").addFilter(tfds_prepare._not_a_note)
     folder = tempfile.mkdtemp(prefix="records_feed_")
     photos = _builder(args.images)
     photos(data_dir=f"{folder}/array_record", file_format="array_record").download_and_prepare()

@@ -21,7 +21,6 @@ batch). Where it is, other TFDS datasets go through tf.data.
 """
 
 import dataclasses
-import logging
 import numbers
 import os
 
@@ -250,14 +249,8 @@ def _random_access(builder, test_split):
             f"`tfds build {name} --file_format=array_record --data_dir=DIR` where it is installed, then --data_dir=DIR")
     print(f"Reading {name} through tfds.data_source ({builder.data_dir}"
           f"{')' if whole else '; images decoded per batch)'}.", flush=True)
-    logging.getLogger("absl").addFilter(_no_opencv_advice)
     sources = builder.as_data_source(split=["train", test_split])
     return tuple(_read_all(source) if whole else numpy_data.Records(source, shape) for source in sources)
-
-
-def _no_opencv_advice(record):
-    """A logging filter: drops TFDS's advice to install OpenCV (it decodes faster than PIL) on reading."""
-    return "OpenCV is not installed" not in record.getMessage()
 
 
 def _read_all(source):

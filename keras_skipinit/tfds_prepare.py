@@ -21,6 +21,7 @@ so the result is a normal prepared dataset in ``data_dir``, and
 import dataclasses
 import difflib
 import hashlib
+import logging
 import os
 import socket
 import urllib.parse
@@ -51,11 +52,24 @@ LOCAL_COPIES = {
 CONNECT_TIMEOUT_S = 5.0
 
 
+# TFDS's notes that read as trouble where there is none: an unprepared dataset's version folder "has no
+# dataset_info.json" (asked before preparing it), and the advice to install OpenCV on each read (PIL decodes).
+_NOTES = ("has no dataset_info.json", "OpenCV is not installed")
+
+
+def _not_a_note(record):
+    """A logging filter (on absl's logger, which TFDS logs through): drops `_NOTES`."""
+    return not any(note in record.getMessage() for note in _NOTES)
+
+
 def builder(name, data_dir=None):
     """`tfds.builder(name, data_dir)`; an unknown name is one line with the
     closest registered names (not TFDS's list of every dataset; not the
-    community datasets either, whose index is fetched from the network)."""
+    community datasets either, whose index is fetched from the network).
+    TFDS's `_NOTES` are left out of the log from here on."""
     import tensorflow_datasets as tfds
+
+    logging.getLogger("absl").addFilter(_not_a_note)  # once: a filter is added once
 
     try:
         return tfds.builder(name, data_dir=data_dir)
