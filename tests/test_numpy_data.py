@@ -104,6 +104,13 @@ def test_records_read_per_batch_give_the_batches_arrays_give():
     for a, b in zip(numpy_data.eval_batches(records, None, 10, 16, whole_batches=True)[2],
                     numpy_data.eval_batches(*arrays, 10, 16, whole_batches=True)[2]):
         np.testing.assert_array_equal(a, b)
+    # --validation_examples and --train_examples over records: the same examples as over arrays.
+    from keras_skipinit import data
+
+    whole = numpy_data.Records(source, (28, 28, 1))
+    held = data._in_memory("s", whole, whole, train_examples=20, held_out=10, flip=False, label_names=tuple("abcdefghij"))
+    assert (held.num_train, held.num_test, held.raw_shape, held.eval_split) == (20, 10, (28, 28, 1), "validation")
+    assert (held.train.start, held.train.stop, held.test.start, held.test.stop) == (0, 20, 50, 60)
 
 
 def test_random_resized_crop_is_a_resized_window_flipped_about_half_the_time():
