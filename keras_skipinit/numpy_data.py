@@ -168,6 +168,9 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, s
     metrics see only real examples). `shard`: (index, count) of this process
     among JAX's, which feeds its part of every batch (`_part`). `images`,
     `labels`: arrays, or `Records` and None (read per batch)."""
+    normalize = preprocessing.get(prep).numpy_eval
+    if labels is not None:  # arrays: normalized once here, not each time an epoch evaluates
+        images, normalize = normalize(images), None
     count = len(images)
     index = np.arange(count + (-count % batch_size if whole_batches else 0))
     weights = (index < count).astype(np.float32)
@@ -175,7 +178,7 @@ def eval_batches(images, labels, num_classes, batch_size, whole_batches=False, s
     def batch(i):
         rows = index[i * batch_size : (i + 1) * batch_size]
         x, y = _take(images, labels, rows % count)
-        x, y = preprocessing.get(prep).numpy_eval(x), np.eye(num_classes, dtype=np.float32)[y]
+        x, y = x if normalize is None else normalize(x), np.eye(num_classes, dtype=np.float32)[y]
         return _part((x, y, weights[rows]) if whole_batches else (x, y), shard)
 
     return _batches(-(-len(index) // batch_size), batch, workers=_workers(labels))
