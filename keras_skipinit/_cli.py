@@ -34,20 +34,35 @@ def run(main, usage, name):
 
     def parse(argv):
         if any(arg in HELP for arg in argv[1:]):
-            print(help_text(usage, sys.modules[main.__module__]))
-            sys.exit(0)
+            print_help(help_text(usage, sys.modules[main.__module__]))
         try:
             rest = flags.FLAGS(argv)
         except flags.Error as e:
-            print(f"{program(name)}: error: {e} (--help lists the flags)", file=sys.stderr)
-            sys.exit(2)
+            refuse(program(name), f"{e} (--help lists the flags)")
         if len(rest) > 1:
-            print(f"{program(name)}: error: unexpected arguments: {' '.join(rest[1:])} (flags are --name=value; "
-                  "--help lists them)", file=sys.stderr)
-            sys.exit(2)
+            refuse(program(name), unexpected(rest[1:]))
         return rest
 
     app.run(main, flags_parser=parse)
+
+
+def print_help(text):
+    """Prints --help and exits 0, also into a pipe closed early (`| head`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    sys.exit(0)
+
+
+def unexpected(arguments):
+    return f"unexpected arguments: {' '.join(arguments)} (flags are --name=value; --help lists them)"
+
+
+def refuse(program_name, message):
+    """Bad input: one line on stderr, exit status 2."""
+    print(f"{program_name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def without_tensorflow(what):

@@ -73,6 +73,15 @@ def _training_command():
     return name in ("train.py", "keras-skipinit-train")
 
 
+def flag_command():
+    """Which command with a flag table (keras_skipinit._flag_table) this
+    process runs: "train", "export" or None."""
+    kind, name, _ = _invocation()
+    if kind == "module":
+        return {"keras_skipinit.train_cli": "train", "export": "export", "keras_skipinit.export_cli": "export"}.get(name)
+    return {"train.py": "train", "keras-skipinit-train": "train", "keras-skipinit-export": "export"}.get(name)
+
+
 def requested_backend():
     """The backend Keras will load, read as Keras reads it (KERAS_BACKEND,
     else keras.json under KERAS_HOME or ~/.keras, else tensorflow), before

@@ -14,7 +14,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, applications, data, files, normalization, preprocessing as preprocessing_lib, run_dir, schedules, training
+from keras_skipinit import _cli, _flag_table, applications, data, files, normalization, preprocessing as preprocessing_lib, run_dir, schedules, training
 from keras_skipinit.applications import cifar_resnet
 
 _D = training.Config()
@@ -117,17 +117,15 @@ flags.DEFINE_bool("ignore_memory_check", False, "Train even when one step's acti
                   "available (refused by default: the kernel's OOM killer would end the run, maybe others too).")
 flags.DEFINE_integer("checkpoint_steps", _D.checkpoint_steps, "Also checkpoint every N steps (0: epochs only).", lower_bound=0)
 flags.DEFINE_integer("verbose", None, "Keras verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
-flags.register_validator("learning_rate", lambda v: v > 0, "--learning_rate must be > 0")
-flags.register_validator("scalar_lr_multiplier", lambda v: v is None or v > 0, "--scalar_lr_multiplier must be > 0")
+# Checks beyond absl's kinds and bounds, as data: flag_tables.json carries them, so they refuse before
+# Keras loads too (keras_skipinit._flag_table).
+FLAG_CHECKS = {"learning_rate": ("positive",), "scalar_lr_multiplier": ("positive",),
+               "alpha_init": ("float_or", sorted(normalization.ALPHA_INIT_NAMES))}
+_flag_table.register_checks(FLAG_CHECKS)
 
 
 def _alpha(value):
-    if value is None or value in normalization.ALPHA_INIT_NAMES:
-        return value
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"--alpha_init must be a float or one of {sorted(normalization.ALPHA_INIT_NAMES)}, got {value!r}")
+    return value if value is None or value in normalization.ALPHA_INIT_NAMES else float(value)
 
 
 def config_from_flags():

@@ -342,6 +342,45 @@ def test_cli_bad_flags_give_one_line_errors():
     assert status == 0 and "--normalization" in out and "--learning_rate" in out and "--model_dir" in out
 
 
+def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
+    """Issue 46.7: --help and bad flags waited for TensorFlow's import (7 s idle,
+    83-105 s under load). They are answered from flag_tables.json in a process
+    where importing Keras or TensorFlow fails; test_flag_tables_match_the_live_flags
+    keeps the table equal to the live flags, whose answers the test above checks."""
+    for name in ("keras", "tensorflow"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "KERAS_BACKEND": "tensorflow"}
+    cases = [(["train.py", flag, "--epochs=1"], 2, match) for flag, match in BAD_FLAGS] + [
+        (["train.py", "--help"], 0, "--learning_rate"), (["-m", "export", "--format=litert"], 2, "--source"),
+        (["-m", "export", "--helpfull"], 0, "--base_path")]
+    for argv, status, match in cases:
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+        assert proc.returncode == status, (argv, proc.stderr[-2000:])
+        if status:
+            (line,) = proc.stderr.splitlines()
+            assert match in line and line.startswith(("train.py: error:", "export: error:")), (argv, line)
+        else:
+            assert match in proc.stdout and not proc.stderr, (argv, proc.stderr[-2000:])
+
+
+@pytest.mark.heavy
+def test_flag_tables_match_the_live_flags():
+    """flag_tables.json (what --help and flag refusals answer from before Keras
+    loads) equals each command's live flags: help text, kinds, defaults, choices,
+    bounds and checks; other libraries' flags are all accepted there."""
+    from keras_skipinit import _flag_table
+
+    with open(_flag_table.TABLES) as f:
+        committed = json.load(f)
+    for command, live in _flag_table.live_tables().items():
+        stale = f"flag_tables.json differs from {_flag_table.COMMANDS[command]}: run python -m keras_skipinit._flag_table"
+        assert committed[command]["help"] == live["help"], stale
+        table = {r["name"]: r for r in committed[command]["flags"]}
+        assert [r for r in table.values() if not r.get("library")] == [r for r in live["flags"] if not r.get("library")], stale
+        assert all(table.get(r["name"]) == r for r in live["flags"] if r.get("library")), stale
+
+
 @pytest.mark.heavy
 def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
     model_dir = tmp_path / "killed"
