@@ -331,7 +331,9 @@ def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_pat
 
 
 @pytest.mark.parametrize("command", [
-    [os.path.join(ROOT, "train.py"), "--no_such_flag"],
+    # A value only the live parse checks (absl's own --verbosity): train.py's own bad flags are refused
+    # before TensorFlow loads at all (test_help_and_flag_refusals_come_before_keras_loads).
+    [os.path.join(ROOT, "train.py"), "--verbosity=no_such"],
     ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
     ["-m", "keras_skipinit.analysis", "--no_such_flag"],  # warned about its own import (issue 46.8)
     [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
