@@ -179,6 +179,34 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
     assert calls == []
 
 
+def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path, monkeypatch, capsys):
+    """Issue 42.1's one table and plot across depths, when depth 1000 runs 2 of
+    2 seeds in its own --out (--beside); a folder that is not an edge sweep is
+    one line, before any run."""
+    def train(config):  # trains up to 2^-4 at depth 10, up to 2^-6 at depth 22
+        ok = math.log2(config.learning_rate) <= (-4 if config.depth == 10 else -6)
+        return {"status": "completed", "test_top1": 0.8 if ok else 0.1, "train_cross_entropy": 0.5,
+                "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    common = ["--protocol=edge", "--methods=skipinit", "--log2_lrs=-3", "--centre_log2_lrs=skipinit=-4"]
+    sweep.main([*common, "--depths=22", "--seeds=2", "--best_k=2", f"--out={tmp_path}/deep"])
+    shallow = [*common, "--depths=10,22", "--seeds=3", "--best_k=2", f"--out={tmp_path}/main"]
+    sweep.main([*shallow, "--depths=10"])
+    sweep.main([*shallow, "--report_only", f"--beside={tmp_path}/deep"])
+    table = (tmp_path / "main" / "table.md").read_text()
+    assert "| method | depth 10 | depth 22 (2 of 2: deep/) |" in table
+    assert "| SkipInit (alpha = 0) | 2^-4 (3/3 trained; 2^-3: 0/3) | 2^-6 (2/2 trained; 2^-5: 0/2) |" in table
+    cells = json.loads((tmp_path / "main" / "summary.json").read_text())["cells"]
+    assert cells["skipinit/depth22"]["edge_log2"] == -6 and cells["skipinit/depth10"]["edge_log2"] == -4
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # a folder with no sweep: refused before any run
+        sweep.main([*common, "--depths=10", f"--out={tmp_path}/new", f"--beside={tmp_path}/none"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and line.startswith("python -m keras_skipinit.sweep: error: --beside: cannot read")
+    assert not (tmp_path / "new").exists()
+
+
 def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):
     """Issue 46.6: a run stopped by Ctrl-C (checkpointed by train) ends the
     sweep with one line and exit 130; it is not a result."""

@@ -1,6 +1,7 @@
 """The sweep's figures (sweep.png, curves.png), per protocol; each written
 only where its bytes change (`files.write_if_changed`)."""
 
+import argparse
 import math
 import os
 
@@ -140,10 +141,14 @@ def plot_depth(details, args):
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
 
 
-def plot_edges(details, args):
+def plot_edges(details, args, borrowed=None):
     """The stability edge against depth, one line per method; a cell where
-    no rate trained is an x at the bottom."""
+    no rate trained is an x at the bottom. `borrowed`: {depth: sweep} of the
+    depths whose cells come from another sweep (report.edge_table's --beside),
+    named in the title with their k of n."""
     plt = _plt()
+    borrowed = borrowed or {}
+    args = argparse.Namespace(**{**vars(args), "depths": sorted({*args.depths, *borrowed})})
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     low = PAPER_LOG2_RANGE[0] - 1
     for i, key in enumerate(args.methods):
@@ -159,7 +164,8 @@ def plot_edges(details, args):
     _depth_axis(ax, args)
     ax.set_xlim(min(args.depths) / 1.5, max(args.depths) * 1.5)
     ax.set_ylabel("stability edge: largest log2 learning rate that trains")
-    ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train\n"
+    others = "".join(f"; depth {d}: {s['best_k']} of {s['seeds']}" for d, s in sorted(borrowed.items()))
+    ax.set_title(f"{args.dataset}, batch {args.batch_sizes[0]}: {args.best_k} of {args.seeds} seeds train{others}\n"
                  f"(x at {low}: none from 2^{low + 1} up; open: still searching)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -88,38 +88,74 @@ def depth_table(runs, args):
 
 
 
-def edge_table(runs, args):
+def edge_table(runs, args, beside=()):
     """The stability edge per method and depth, as table.md's
     text: the largest log2 rate where best_k of n seeds trained, the count
-    there and one octave above it; details hold every rate tried."""
-    lines = ["| method | " + " | ".join(f"depth {d}" for d in args.depths) + " |", "|---|" + "---|" * len(args.depths)]
+    there and one octave above it; details hold every rate tried. `beside`
+    (`load_beside`): other edge sweeps, whose cells fill the depths this one
+    did not run (returned as borrowed: {depth: sweep})."""
     details = {}
     for key in args.methods:
-        cells = []
         for depth in args.depths:
             subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
-            if not subset:
-                cells.append(NOT_RUN)
-                continue
-            _, rows = summarize(subset, args.best_k, args.chance)
-            edge, step = stability_edge(rows)
-            trained = {round(math.log2(r["lr"])): r["runs"] - r["failed"] for r in rows}
-            runs_at = {round(math.log2(r["lr"])): r["runs"] for r in rows}
-            if edge is None:
-                text = f"none >= 2^{min(trained)}"
-            else:
-                above = (f"2^{edge + 1}: {trained[edge + 1]}/{runs_at[edge + 1]}" if edge + 1 in trained
-                         else "the paper's bound" if step is None else "searching")
-                text = f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
-            cells.append(text if edge is not None or step is None else text + " (searching)")
-            details[f"{key}/depth{depth}"] = {"edge_log2": edge, "bracketed": step is None,
-                                              "trained": {str(k): v for k, v in sorted(trained.items())},
-                                              "runs": {str(k): v for k, v in sorted(runs_at.items())}}
+            if subset:
+                details[f"{key}/depth{depth}"] = _edge_cell(summarize(subset, args.best_k, args.chance)[1])
+    own = {int(name.split("/depth")[1]) for name in details}
+    borrowed = {}
+    for sweep in beside:
+        for depth in sorted(set(sweep["depths"]) - own - set(borrowed)):
+            borrowed[depth] = sweep
+            details.update({name: cell for name, cell in sweep["cells"].items() if name.endswith(f"/depth{depth}")})
+    columns = {**{d: f"depth {d}" for d in args.depths},
+               **{d: f"depth {d} ({s['best_k']} of {s['seeds']}: {s['out']}/)" for d, s in borrowed.items()}}
+    depths = sorted(columns)
+    lines = ["| method | " + " | ".join(columns[d] for d in depths) + " |", "|---|" + "---|" * len(depths)]
+    for key in args.methods:
+        cells = [_edge_text(details[f"{key}/depth{d}"]) if f"{key}/depth{d}" in details else NOT_RUN for d in depths]
         lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
     return (f"Stability edge: the largest learning rate at which {args.best_k} of {args.seeds} seeds trained (finite "
             f"loss, accuracy above {100 * args.chance:g}%), {arch(args)}, batch {args.batch_sizes[0]}, {args.epochs} "
             "epoch(s); in brackets the seeds that trained there and one octave above\n\n" + "\n".join(lines) + "\n",
-            details)
+            details, borrowed)
+
+
+def _edge_cell(rows):
+    """A cell's edge (`stability_edge`), whether its search is done, and the
+    seeds that trained and ran per log2 rate."""
+    edge, step = stability_edge(rows)
+    return {"edge_log2": edge, "bracketed": step is None,
+            "trained": {str(k): v for k, v in sorted((round(math.log2(r["lr"])), r["runs"] - r["failed"]) for r in rows)},
+            "runs": {str(k): v for k, v in sorted((round(math.log2(r["lr"])), r["runs"]) for r in rows)}}
+
+
+def _edge_text(cell):
+    trained, runs_at = ({int(k): v for k, v in cell[part].items()} for part in ("trained", "runs"))
+    edge = cell["edge_log2"]
+    if edge is None:
+        return f"none >= 2^{min(trained)}" + ("" if cell["bracketed"] else " (searching)")
+    above = (f"2^{edge + 1}: {trained[edge + 1]}/{runs_at[edge + 1]}" if edge + 1 in trained
+             else "the paper's bound" if cell["bracketed"] else "searching")
+    return f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
+
+
+def load_beside(folders):
+    """--beside: each folder's edge sweep as its summary.json recorded it
+    (depths, best_k of seeds, cells), for a table and plot across sweeps
+    (depth 1000 runs fewer seeds in its own --out)."""
+    sweeps = []
+    for folder in folders:
+        path = os.path.join(folder, "summary.json")
+        try:
+            summary = files.read_json(path)
+            settings, cells = summary["settings"], summary["cells"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--beside: cannot read {path} ({files.one_line(e) if isinstance(e, OSError) else e!r}): "
+                             "write it first with that sweep's --report_only") from None
+        if settings.get("protocol") != EDGE:
+            raise ValueError(f"--beside: {folder} holds a --protocol={settings.get('protocol')} sweep, not {EDGE}")
+        sweeps.append({"out": os.path.basename(os.path.normpath(folder)), "depths": settings["depths"],
+                       "best_k": settings["best_k"], "seeds": settings["seeds"], "cells": cells})
+    return sweeps
 
 
 def converged_table(runs, args):
@@ -234,8 +270,8 @@ def report(runs, args):
                 f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
         plots.plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
     elif args.protocol == EDGE:
-        text, details = edge_table(runs, args)
-        plots.plot_edges(details, args)
+        text, details, borrowed = edge_table(runs, args, load_beside(args.beside))
+        plots.plot_edges(details, args, borrowed)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details = table1_tables(runs, args)
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
