@@ -246,16 +246,19 @@ def test_every_presets_documented_command_reports_its_committed_runs_unchanged(t
     rewrites nothing (table.md, summary.json, the figures are as committed)."""
     reported = []
     for preset in presets.PRESETS:
-        for argv in _documented_commands(preset):
+        for i, argv in enumerate(_documented_commands(preset)):
             (out,) = [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]
             if "not run here" in " ".join(presets.PRESETS[preset].__doc__.split()).lower():
                 assert not out.startswith("docs/"), preset
                 continue
             committed = os.path.join(ROOT, out)
             assert os.path.exists(os.path.join(committed, "runs.jsonl")), (preset, out)
-            copy = tmp_path / preset
+            copy = tmp_path / preset / str(i)
             shutil.copytree(committed, copy)
-            sweep.main([a if not a.startswith("--out=") else f"--out={copy}" for a in argv] + ["--report_only"])
+            argv = [f"--out={copy}" if a.startswith("--out=") else  # --beside folders are only read
+                    "--beside=" + ",".join(os.path.join(ROOT, f) for f in a.split("=", 1)[1].split(","))
+                    if a.startswith("--beside=") else a for a in argv]
+            sweep.main(argv + ["--report_only"])
             for name in sorted(os.listdir(committed)):
                 if os.path.isfile(os.path.join(committed, name)):
                     with open(os.path.join(committed, name), "rb") as a, open(copy / name, "rb") as b:

@@ -53,9 +53,14 @@ def stability_edge():
     octave at a time from the octaves given per method. Runs of the
     skipinit_table1 sweep count (same settings; copy its runs.jsonl lines).
 
-        python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge
+        python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge/depth1000 \
+            --depths=1000 --seeds=2 --best_k=2 --methods=skipinit,batchnorm,sqrt2,fixup --checkpoint_steps=10
+        python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge --depths=16,100 \
+            --beside=docs/stability_edge/depth1000
 
-    Budget and results: docs/stability_edge/README.md."""
+    (Depth 1000 with 2 seeds per rate in its own folder, the budget's cut;
+    the second command's table and plot show all three depths.) Budget and
+    results: docs/stability_edge/README.md."""
     return {**skipinit_table1(), "protocol": "edge", "depths": [16, 100, 1000],
             "methods": ["batchnorm", "skipinit", "fixup", "sqrt2"], "extend_grid": False,
             "log2_lrs": [-3], "centre_log2_lrs": dict(batchnorm=0, skipinit=-4, fixup=-3, sqrt2=-5)}
