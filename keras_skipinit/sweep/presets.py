@@ -36,8 +36,11 @@ def skipinit_table1():
     per rate, the grid extended until each optimum is interior.
 
         python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
+        python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1/depth1000 \
+            --depths=1000 --seeds=2 --best_k=2 --methods=batchnorm,skipinit,sqrt2 --checkpoint_steps=10
 
-    Budget and results: docs/skipinit_table1/README.md."""
+    (Depth 1000: 2 seeds per rate, the budget's cut.) Budget and results:
+    docs/skipinit_table1/README.md."""
     return dict(protocol="table1", depths=[16, 100], width=1,
                 methods=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"],
                 log2_lrs=[-4, -3, -2], seeds=3, best_k=2, extend_grid=True, epochs=1, schedule="cifar",
