@@ -26,8 +26,8 @@ from keras_skipinit import _cli, _startup
 
 COMMANDS = {"train": "keras_skipinit.train_cli", "export": "keras_skipinit.export_cli"}
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flag_tables.json")
-_OWN_KINDS = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
-              "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
+_DEFINE = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
+           "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
 
 
 # --- checks beyond absl's kinds and bounds, as data (the live flags register the same) ---------------
@@ -110,27 +110,22 @@ def live_tables():
 
 def _flag_values(records):
     values = flags.FlagValues()
-    for r in records:
-        if r.get("library"):
-            define, extra = _OWN_KINDS[r["kind"]], {}
-            default = False if r["kind"] == "bool" else None
-        else:
-            define, default = _OWN_KINDS[r["kind"]], r["default"]
-            extra = {k: r[k] for k in ("lower_bound", "upper_bound") if k in r}
-            if r["kind"] == "enum":
-                extra["enum_values"] = r["enum_values"]
-        define(name=r["name"], default=default, help="", short_name=r["short_name"], flag_values=values, **extra)
+    for r in records:  # a library flag's record has no default, bounds or choices: any value parses
+        default = r.get("default", False if r["kind"] == "bool" else None)
+        extra = {k: r[k] for k in ("lower_bound", "upper_bound", "enum_values") if k in r}
+        _DEFINE[r["kind"]](name=r["name"], default=default, help="", short_name=r["short_name"], flag_values=values,
+                           **extra)
         if r.get("required"):
             flags.mark_flag_as_required(r["name"], flag_values=values)
     register_checks({r["name"]: r["check"] for r in records if "check" in r}, values)
     return values
 
 
-def preparse(name=None, argv=None):
+def preparse(name, argv=None):
     """Help, or a one-line refusal with exit status 2, for this process's
-    command line, from the command's flag table, before Keras is imported.
-    Returns (nothing is done) when the flags parse; the live parse follows."""
-    name = name or _startup.flag_command()
+    command line (`name`: `_startup.flag_command()`), from the command's flag
+    table, before Keras is imported. Returns (nothing is done) when the flags
+    parse; the live parse follows."""
     argv = list(sys.argv if argv is None else argv)
     try:
         with open(TABLES) as f:

@@ -65,14 +65,6 @@ def our_command():
     return name == "train.py" or name.startswith("keras-skipinit-") or (folder == "benchmarks" and name.endswith(".py"))
 
 
-def _training_command():
-    """train.py and the sweep (export re-runs itself on TensorFlow)."""
-    kind, name, _ = _invocation()
-    if kind == "module":
-        return name in ("keras_skipinit.sweep", "keras_skipinit.train_cli")
-    return name in ("train.py", "keras-skipinit-train")
-
-
 def flag_command():
     """Which command with a flag table (keras_skipinit._flag_table) this
     process runs: "train", "export" or None."""
@@ -80,6 +72,11 @@ def flag_command():
     if kind == "module":
         return {"keras_skipinit.train_cli": "train", "export": "export", "keras_skipinit.export_cli": "export"}.get(name)
     return {"train.py": "train", "keras-skipinit-train": "train", "keras-skipinit-export": "export"}.get(name)
+
+
+def _training_command():
+    """train.py and the sweep (export re-runs itself on TensorFlow)."""
+    return flag_command() == "train" or _invocation()[:2] == ("module", "keras_skipinit.sweep")
 
 
 def requested_backend():
