@@ -37,9 +37,12 @@ def skipinit_table1():
 
         python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
         python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1/depth1000 \
-            --depths=1000 --seeds=2 --best_k=2 --methods=batchnorm,skipinit,sqrt2 --checkpoint_steps=10
+            --depths=1000 --seeds=2 --best_k=2 --methods=batchnorm,skipinit,sqrt2 \
+            --centre_log2_lrs=batchnorm=-1,skipinit=-6,sqrt2=-5 --checkpoint_steps=10
 
-    (Depth 1000: 2 seeds per rate, the budget's cut.) Budget and results:
+    (Depth 1000: 2 seeds per rate, the budget's cut; each grid starts at
+    the octaves around the method's stability edge there, so the
+    stability_edge sweep's depth-1000 runs count.) Budget and results:
     docs/skipinit_table1/README.md."""
     return dict(protocol="table1", depths=[16, 100], width=1,
                 methods=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"],
