@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lent GPU session (JAX + CUDA, Python 3.12, no TensorFlow, no network), about 9 minutes:
+# One lent GPU session (JAX + CUDA, Python 3.12, no TensorFlow, no network), about 9.5 minutes:
 #   device run: command "bash benchmarks/gpu/session.sh", carry [".gpu"], timeout_s 600
 # after `bash benchmarks/gpu/prepare.sh` here. Writes into $OUT (what comes back):
 #   session.txt     the machine, versions, each step's exit status and time
@@ -7,7 +7,12 @@
 #   fit_speed.json  (issue 44.5) WRN-16-1 training img/s through fit, fed by numpy_data, batch 128
 #   sweep.txt, depth1000_runs.jsonl (issue 42) stability-edge cells at depth 1000 (looped blocks, float32
 #                   convolutions at full precision), appended to docs/stability_edge/depth1000/runs.jsonl as
-#                   committed; the remaining time only (SWEEP_S), resumed by the sweep itself next time
+#                   committed; SWEEP_S seconds, resumed by the sweep itself next time
+#   table1.txt, table1_depth1000_runs.jsonl (issue 42.4) Table 1's depth-1000 grid extensions (BatchNorm,
+#                   SkipInit), after the edge runs are merged into docs/skipinit_table1/depth1000/runs.jsonl
+#                   (the same settings: they count there); TABLE1_S seconds
+# Stop the CPU sweeps of those folders first (so that no cell runs twice); afterwards append each returned
+# runs.jsonl's new lines to its folder here and resume them.
 # Dry run on a CPU (a venv of ".[jax]", no install): SKIP_INSTALL=1 PY=python SWEEP_S=60 bash benchmarks/gpu/session.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,18 +33,26 @@ FM="$PWD/.gpu/fashion-mnist"
 command -v nvidia-smi > /dev/null && nvidia-smi -L >> "$OUT/session.txt" 2>&1
 log "setup done"
 
-timeout "${TRAIN_S:-150}" "$PY" train.py --dataset=fashion_mnist --manual_dir="$FM" --train_examples=9600 --epochs=3 \
+timeout "${TRAIN_S:-120}" "$PY" train.py --dataset=fashion_mnist --manual_dir="$FM" --train_examples=9600 --epochs=3 \
   --batch_size=128 --model_dir=/tmp/gpu_train > "$OUT/train.txt" 2>&1
 log "train.py: exit $?"
 cp /tmp/gpu_train/results.json "$OUT/train_results.json" 2> /dev/null
 
-timeout "${FIT_S:-120}" "$PY" benchmarks/input_pipeline.py --child=numpy --manual_dir="$FM" --steps=60 --batch=128 \
+timeout "${FIT_S:-90}" "$PY" benchmarks/input_pipeline.py --child=numpy --manual_dir="$FM" --steps=60 --batch=128 \
   > "$OUT/fit_speed.json" 2>> "$OUT/session.txt"
 log "fit speed: exit $? $(tail -1 "$OUT/fit_speed.json")"
 
-timeout "${SWEEP_S:-330}" "$PY" -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge/depth1000 \
+timeout "${SWEEP_S:-210}" "$PY" -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge/depth1000 \
   --depths="${DEPTHS:-1000}" --seeds=2 --best_k=2 --methods="${METHODS:-batchnorm,sqrt2,fixup}" --loop_blocks \
   --checkpoint_steps=10 --manual_dir="$FM" > "$OUT/sweep.txt" 2>&1
 log "sweep: exit $? (124/143: stopped by its time limit, as planned)"
 cp docs/stability_edge/depth1000/runs.jsonl "$OUT/depth1000_runs.jsonl" 2> /dev/null
+
+T1=docs/skipinit_table1/depth1000
+awk '!seen[$0]++' "$T1/runs.jsonl" docs/stability_edge/depth1000/runs.jsonl > "$T1/runs.merged" && mv "$T1/runs.merged" "$T1/runs.jsonl"
+timeout "${TABLE1_S:-120}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1 --out="$T1" --depths="${DEPTHS:-1000}" --seeds=2 \
+  --best_k=2 --methods=batchnorm,skipinit --centre_log2_lrs=batchnorm=-1,skipinit=-6 --loop_blocks \
+  --checkpoint_steps=10 --manual_dir="$FM" > "$OUT/table1.txt" 2>&1
+log "table 1 at depth 1000: exit $? (124/143: stopped by its time limit, as planned)"
+cp "$T1/runs.jsonl" "$OUT/table1_depth1000_runs.jsonl" 2> /dev/null
 log "done"
