@@ -50,9 +50,8 @@ cp docs/stability_edge/depth1000/runs.jsonl "$OUT/depth1000_runs.jsonl" 2> /dev/
 
 T1=docs/skipinit_table1/depth1000
 awk '!seen[$0]++' "$T1/runs.jsonl" docs/stability_edge/depth1000/runs.jsonl > "$T1/runs.merged" && mv "$T1/runs.merged" "$T1/runs.jsonl"
-timeout "${TABLE1_S:-120}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1 --out="$T1" --depths="${DEPTHS:-1000}" --seeds=2 \
-  --best_k=2 --methods=batchnorm,skipinit --centre_log2_lrs=batchnorm=-1,skipinit=-6 --loop_blocks \
-  --checkpoint_steps=10 --manual_dir="$FM" > "$OUT/table1.txt" 2>&1
+timeout "${TABLE1_S:-120}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1_deep --out="$T1" \
+  --depths="${DEPTHS:-1000}" --methods=batchnorm,skipinit --loop_blocks --manual_dir="$FM" > "$OUT/table1.txt" 2>&1
 log "table 1 at depth 1000: exit $? (124/143: stopped by its time limit, as planned)"
 cp "$T1/runs.jsonl" "$OUT/table1_depth1000_runs.jsonl" 2> /dev/null
 log "done"

@@ -36,19 +36,28 @@ def skipinit_table1():
     per rate, the grid extended until each optimum is interior.
 
         python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
-        python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1/depth1000 \
-            --depths=1000 --seeds=2 --best_k=2 --methods=batchnorm,skipinit,sqrt2 \
-            --centre_log2_lrs=batchnorm=-1,skipinit=-6,sqrt2=-5 --checkpoint_steps=10
 
-    (Depth 1000: 2 seeds per rate, the budget's cut; each grid starts at
-    the octaves around the method's stability edge there, so the
-    stability_edge sweep's depth-1000 runs count.) Budget and results:
+    (Depth 1000: skipinit_table1_deep.) Budget and results:
     docs/skipinit_table1/README.md."""
     return dict(protocol="table1", depths=[16, 100], width=1,
                 methods=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"],
                 log2_lrs=[-4, -3, -2], seeds=3, best_k=2, extend_grid=True, epochs=1, schedule="cifar",
                 batch_size=64, train_examples=9600, **_FASHION)
 
+
+
+def skipinit_table1_deep():
+    """Table 1's deep row (issue 42.4): WRN-1000-1 (unrolled), 2 seeds per
+    rate, best 2 of 2 (the budget's cut); each grid starts at the octaves
+    around the method's depth-1000 stability edge, so the stability_edge
+    sweep's depth-1000 runs count (copy its runs.jsonl lines), then extends
+    until each optimum is interior.
+
+        python -m keras_skipinit.sweep --preset=skipinit_table1_deep --out=docs/skipinit_table1/depth1000
+
+    Budget and results: docs/skipinit_table1/README.md."""
+    return {**skipinit_table1(), "depths": [1000], "methods": ["batchnorm", "skipinit", "sqrt2"], "seeds": 2,
+            "best_k": 2, "centre_log2_lrs": dict(batchnorm=-1, skipinit=-6, sqrt2=-5), "checkpoint_steps": 10}
 
 def stability_edge():
     """The stability edge against depth. For WRN-16, -100 and -1000-1
@@ -200,6 +209,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, stability_edge, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch,
+    skipinit_table1, skipinit_table1_deep, stability_edge, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch,
     table1_converged_epochs, table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10,
     quantization_fashion_mnist)}
