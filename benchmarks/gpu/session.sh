@@ -42,9 +42,8 @@ timeout "${FIT_S:-90}" "$PY" benchmarks/input_pipeline.py --child=numpy --manual
   > "$OUT/fit_speed.json" 2>> "$OUT/session.txt"
 log "fit speed: exit $? $(tail -1 "$OUT/fit_speed.json")"
 
-timeout "${SWEEP_S:-210}" "$PY" -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge/depth1000 \
-  --depths="${DEPTHS:-1000}" --seeds=2 --best_k=2 --methods="${METHODS:-batchnorm,sqrt2,fixup}" --loop_blocks \
-  --checkpoint_steps=10 --manual_dir="$FM" > "$OUT/sweep.txt" 2>&1
+timeout "${SWEEP_S:-210}" "$PY" -m keras_skipinit.sweep --preset=stability_edge_deep --out=docs/stability_edge/depth1000 \
+  --depths="${DEPTHS:-1000}" --methods="${METHODS:-batchnorm,sqrt2,fixup}" --loop_blocks --manual_dir="$FM" > "$OUT/sweep.txt" 2>&1
 log "sweep: exit $? (124/143: stopped by its time limit, as planned)"
 cp docs/stability_edge/depth1000/runs.jsonl "$OUT/depth1000_runs.jsonl" 2> /dev/null
 

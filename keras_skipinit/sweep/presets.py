@@ -68,17 +68,27 @@ def stability_edge():
     octave at a time from the octaves given per method. Runs of the
     skipinit_table1 sweep count (same settings; copy its runs.jsonl lines).
 
-        python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge/depth1000 \
-            --depths=1000 --seeds=2 --best_k=2 --methods=skipinit,batchnorm,sqrt2,fixup --checkpoint_steps=10
         python -m keras_skipinit.sweep --preset=stability_edge --out=docs/stability_edge --depths=16,100 \
             --beside=docs/stability_edge/depth1000
 
-    (Depth 1000 with 2 seeds per rate in its own folder, the budget's cut;
-    the second command's table and plot show all three depths.) Budget and
-    results: docs/stability_edge/README.md."""
+    (Depth 1000: stability_edge_deep, whose folder the command's table and
+    plot show beside depths 16 and 100.) Budget and results:
+    docs/stability_edge/README.md."""
     return {**skipinit_table1(), "protocol": "edge", "depths": [16, 100, 1000],
             "methods": ["batchnorm", "skipinit", "fixup", "sqrt2"], "extend_grid": False,
             "log2_lrs": [-3], "centre_log2_lrs": dict(batchnorm=0, skipinit=-4, fixup=-3, sqrt2=-5)}
+
+
+def stability_edge_deep():
+    """The stability edge at depth 1000 (WRN-1000-1, unrolled) in its own
+    folder: 2 seeds per rate, both must train (the budget's cut of the third
+    seed), checkpoints every 10 updates (a run is ~45 min on a CPU).
+
+        python -m keras_skipinit.sweep --preset=stability_edge_deep --out=docs/stability_edge/depth1000
+
+    Budget and results: docs/stability_edge/README.md."""
+    return {**stability_edge(), "depths": [1000], "seeds": 2, "best_k": 2,
+            "methods": ["skipinit", "batchnorm", "sqrt2", "fixup"], "checkpoint_steps": 10}
 
 
 def fixup_fig3():
@@ -209,6 +219,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, skipinit_table1_deep, stability_edge, fixup_fig3, fixup_fig3_cifar_resnet, fixup_fig3_wrn_full_epoch,
-    table1_converged_epochs, table1_converged, table1_converged_deep, batch_scaling_fashion_mnist, batch_scaling_cifar10,
-    quantization_fashion_mnist)}
+    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, fixup_fig3, fixup_fig3_cifar_resnet,
+    fixup_fig3_wrn_full_epoch, table1_converged_epochs, table1_converged, table1_converged_deep,
+    batch_scaling_fashion_mnist, batch_scaling_cifar10, quantization_fashion_mnist)}
