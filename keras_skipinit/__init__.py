@@ -15,7 +15,7 @@ from keras_skipinit import _startup
 
 if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
     _startup.check_backend()
-    if _command := _startup.flag_command():  # train.py's and export's help and flag refusals: before TensorFlow's import
+    if _command := _startup.flag_command():  # help (train.py's, export's: flag refusals too) before TensorFlow's import
         from keras_skipinit import _flag_table
 
         _flag_table.preparse(_command)

@@ -13,6 +13,11 @@ fraction of a second. What only the live code can check (a depth the
 architecture does not take, a missing dataset) is checked after the import,
 as before. Flags other libraries define (absl's logging, TensorFlow's) are
 accepted here as any value and checked by the live parse.
+
+The argparse commands (the sweep, its quantization step, the analysis CLI)
+keep only their help text here (`-h`/`--help`, rendered at 80 columns):
+their refusals come from checks that read the live data (methods, presets)
+and still wait for the import.
 """
 
 import json
@@ -25,6 +30,9 @@ from absl import flags
 from keras_skipinit import _cli, _startup
 
 COMMANDS = {"train": "keras_skipinit.train_cli", "export": "keras_skipinit.export_cli"}
+HELP_COMMANDS = {"sweep": "keras_skipinit.sweep.cli", "analysis": "keras_skipinit.analysis",
+                 "quantization": "keras_skipinit.sweep.quantization"}  # argparse: their build_parser()
+ARGPARSE_HELP = ("-h", "--help")
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flag_tables.json")
 _DEFINE = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
            "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
@@ -89,19 +97,26 @@ def table(module):
     return {"help": _cli.help_text(module.USAGE, module), "flags": records}
 
 
+def help_table(module):
+    """An argparse command's table: its help text only."""
+    return {"help": module.build_parser().format_help().rstrip("\n")}
+
+
 def live_tables():
     """Every command's table from its live flags, each in a process of its
-    own (both commands define --dataset)."""
+    own (both absl commands define --dataset)."""
     code = "import json, sys, importlib; from keras_skipinit import _flag_table; " \
-           "print(json.dumps(_flag_table.table(importlib.import_module(sys.argv[1]))))"
-    procs = {command: subprocess.Popen([sys.executable, "-c", code, module], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-             for command, module in COMMANDS.items()}
+           "print(json.dumps(getattr(_flag_table, sys.argv[2])(importlib.import_module(sys.argv[1]))))"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "COLUMNS": "80"}  # absl and argparse wrap at COLUMNS
+    procs = {command: subprocess.Popen([sys.executable, "-c", code, module, kind], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=env)
+             for kind, commands in (("table", COMMANDS), ("help_table", HELP_COMMANDS))
+             for command, module in commands.items()}
     tables = {}
     for command, proc in procs.items():
         out, err = proc.communicate(timeout=600)
         if proc.returncode:
-            raise RuntimeError(f"reading {COMMANDS[command]}'s flags failed:\n{err[-3000:]}")
+            raise RuntimeError(f"reading {command}'s flags failed:\n{err[-3000:]}")
         tables[command] = json.loads(out.strip().splitlines()[-1])
     return tables
 
@@ -131,6 +146,10 @@ def preparse(name, argv=None):
         with open(TABLES) as f:
             entry = json.load(f)[name]
     except (OSError, ValueError, KeyError):  # no table (a broken install): the live parse checks everything
+        return
+    if name in HELP_COMMANDS:
+        if any(arg in ARGPARSE_HELP for arg in argv[1:]):
+            _cli.print_help(entry["help"])
         return
     if argv[0] == "-m":  # runpy imports the package before it sets argv[0] to the module's file
         module = _startup._invocation()[1]

@@ -67,10 +67,12 @@ def our_command():
 
 def flag_command():
     """Which command with a flag table (keras_skipinit._flag_table) this
-    process runs: "train", "export" or None."""
+    process runs: "train", "export", "sweep", "analysis", "quantization" or None."""
     kind, name, _ = _invocation()
     if kind == "module":
-        return {"keras_skipinit.train_cli": "train", "export": "export", "keras_skipinit.export_cli": "export"}.get(name)
+        return {"keras_skipinit.train_cli": "train", "export": "export", "keras_skipinit.export_cli": "export",
+                "keras_skipinit.sweep": "sweep", "keras_skipinit.analysis": "analysis",
+                "keras_skipinit.sweep.quantization": "quantization"}.get(name)
     return {"train.py": "train", "keras-skipinit-train": "train", "keras-skipinit-export": "export"}.get(name)
 
 

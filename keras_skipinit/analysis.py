@@ -311,10 +311,11 @@ def _inputs(kind, shape, batch, seed):
     return real_digits(batch, seed)
 
 
-def main(argv=None):
+def build_parser():
+    """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
     import argparse
 
-    from keras_skipinit import applications, normalization as norm_lib
+    from keras_skipinit import applications
 
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.analysis", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="wrn", choices=applications.MODELS)
@@ -332,6 +333,13 @@ def main(argv=None):
                         "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
     parser.add_argument("--depths", default="16,100,1000", help="with --function_change: WRN depths (6k+4)")
     parser.add_argument("--lr", type=float, default=1e-3, help="with --function_change: the step's learning rate")
+    return parser
+
+
+def main(argv=None):
+    from keras_skipinit import applications, normalization as norm_lib
+
+    parser = build_parser()
     args = parser.parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     if args.function_change:

@@ -30,8 +30,8 @@ def _method_ints(text):
         raise argparse.ArgumentTypeError(f"expected method=integer,..., got {text!r}") from None
 
 
-def parse_args(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+def build_parser():
+    """The sweep's flags (their help is also answered from flag_tables.json, before Keras loads)."""
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE),
@@ -103,6 +103,12 @@ def parse_args(argv=None):
     parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources of each run (GPUs: --cpus_per_run too)")
     parser.add_argument("--max_retries", type=int, default=3,
                         help="Ray: times a run whose worker died is retried (it resumes from its checkpoint)")
+    return parser
+
+
+def parse_args(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
     preset = parser.parse_known_args(argv)[0].preset
     if preset:
         parser.set_defaults(**PRESETS[preset]())

@@ -139,12 +139,18 @@ def table(records):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def build_parser():
+    """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
     parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
     parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
     parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
     parser.add_argument("--report_only", action="store_true", help="rewrite quantization.md from quantization.jsonl")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.check_images < 1 or args.calibration_images < 1:
         parser.error("--check_images and --calibration_images must be positive")
