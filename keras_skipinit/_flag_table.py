@@ -103,21 +103,20 @@ def help_table(module):
 
 
 def live_tables():
-    """Every command's table from its live flags, each in a process of its
-    own (both absl commands define --dataset)."""
-    code = "import json, sys, importlib; from keras_skipinit import _flag_table; " \
-           "print(json.dumps(getattr(_flag_table, sys.argv[2])(importlib.import_module(sys.argv[1]))))"
+    """Every command's table from its live flags: each absl command in a
+    process of its own (both define --dataset), the argparse ones in one."""
+    code = "import json, sys, importlib; from keras_skipinit import _flag_table; print(json.dumps(" \
+           "{c: getattr(_flag_table, k)(importlib.import_module(m)) for c, k, m in json.loads(sys.argv[1])}))"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "COLUMNS": "80"}  # absl and argparse wrap at COLUMNS
-    procs = {command: subprocess.Popen([sys.executable, "-c", code, module, kind], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env=env)
-             for kind, commands in (("table", COMMANDS), ("help_table", HELP_COMMANDS))
-             for command, module in commands.items()}
+    groups = [[(c, "table", m)] for c, m in COMMANDS.items()] + [[(c, "help_table", m) for c, m in HELP_COMMANDS.items()]]
+    procs = [(group, subprocess.Popen([sys.executable, "-c", code, json.dumps(group)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env)) for group in groups]
     tables = {}
-    for command, proc in procs.items():
+    for group, proc in procs:
         out, err = proc.communicate(timeout=600)
         if proc.returncode:
-            raise RuntimeError(f"reading {command}'s flags failed:\n{err[-3000:]}")
-        tables[command] = json.loads(out.strip().splitlines()[-1])
+            raise RuntimeError(f"reading {[c for c, _, _ in group]}'s flags failed:\n{err[-3000:]}")
+        tables.update(json.loads(out.strip().splitlines()[-1]))
     return tables
 
 
