@@ -344,8 +344,9 @@ def test_cli_bad_flags_give_one_line_errors():
 
 def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
     """Issue 46.7: --help and bad flags waited for TensorFlow's import (7 s idle,
-    83-105 s under load; the sweep's and analysis' --help too). They are answered from flag_tables.json in a process
-    where importing Keras or TensorFlow fails; test_flag_tables_match_the_live_flags
+    83-105 s under load; the sweep's and analysis' --help too). They are answered
+    from flag_tables.json in a process where importing Keras or TensorFlow fails;
+    test_flag_tables_match_the_live_flags
     keeps the table equal to the live flags, whose answers the test above checks."""
     for name in ("keras", "tensorflow"):
         (tmp_path / name).mkdir()

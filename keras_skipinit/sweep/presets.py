@@ -45,7 +45,6 @@ def skipinit_table1():
                 batch_size=64, train_examples=9600, **_FASHION)
 
 
-
 def skipinit_table1_deep():
     """Table 1's deep row (issue 42.4): WRN-1000-1 (unrolled), 2 seeds per
     rate, best 2 of 2 (the budget's cut); each grid starts at the octaves
@@ -58,6 +57,7 @@ def skipinit_table1_deep():
     Budget and results: docs/skipinit_table1/README.md."""
     return {**skipinit_table1(), "depths": [1000], "methods": ["batchnorm", "skipinit", "sqrt2"], "seeds": 2,
             "best_k": 2, "centre_log2_lrs": dict(batchnorm=-1, skipinit=-6, sqrt2=-5), "checkpoint_steps": 10}
+
 
 def stability_edge():
     """The stability edge against depth. For WRN-16, -100 and -1000-1
