@@ -31,9 +31,10 @@ class RepeatedBlocks(keras.layers.Layer):
     model whose layers are named with `prefixes[0]`), applied in sequence,
     with per-block weights stacked on a leading axis.
 
-    Block i is initialized from the template's initializers (a seeded
-    initializer gets a seed of its own per block), so the looped and the
-    unrolled model draw from the same distributions. `initial_values`
+    Block i is initialized from the template's initializers with a seed of
+    its own (derived from a seeded initializer's seed, or fresh where it has
+    none), so the looped and the unrolled model draw from the same
+    distributions. `initial_values`
     {"<layer suffix>/<weight name>": [value of block 0, block 1, ...]} sets
     weights whose initial value depends on the block's position instead
     (NF-ResNets' fixed alpha = 1/sqrt(Var[x]), `BlockOps._repeat`).
@@ -107,14 +108,19 @@ class RepeatedBlocks(keras.layers.Layer):
 
     def _initial_value(self, layer, variable, block, index):
         """A fresh draw of `variable` for block `block`: from its layer's
-        `<name>_initializer` (reseeded per block if seeded), else its constant value."""
+        `<name>_initializer` (reseeded per block if seeded), else its constant value.
+        An unseeded Keras 3 initializer fixes a seed when it is made, so each
+        call of one instance returns the same values: each block gets a new
+        instance (a seed of its own) instead, or all its blocks would start as
+        copies of one, a different network from the unrolled one."""
         initializer = getattr(layer, f"{variable.name}_initializer", None)
         if initializer is None:
             return keras.ops.convert_to_numpy(variable.value)
         initializer = keras.initializers.get(initializer)
         config = initializer.get_config()
-        if config.get("seed") is not None:
-            config["seed"] = (int(config["seed"]) * 1_000_003 + block * 101 + index + 1) % 2**31
+        if "seed" in config:
+            if config["seed"] is not None:
+                config["seed"] = (int(config["seed"]) * 1_000_003 + block * 101 + index + 1) % 2**31
             initializer = initializer.__class__.from_config(config)
         return keras.ops.convert_to_numpy(initializer(tuple(variable.shape), dtype=variable.dtype))
 

@@ -151,14 +151,16 @@ def test_keras_file_and_config_round_trip(tmp_path, normalization):
     assert clone.initial_values == layer.initial_values and bool(layer.initial_values) == (normalization == "nf")
 
 
-def test_fresh_looped_blocks_are_drawn_like_unrolled_ones():
+@pytest.mark.parametrize("seed", [3, None])
+def test_fresh_looped_blocks_are_drawn_like_unrolled_ones(seed):
     """Each looped block gets its own draw from the template's initializers
-    (He-normal kernels with the unrolled std), not copies of one block."""
-    model = apps.WideResNet(52, 1, input_shape=(16, 16, 3), normalization="skipinit", loop_blocks=True, seed=3)
+    (He-normal kernels with the unrolled std), not copies of one block, with
+    or without a seed (an unseeded Keras initializer repeats its values)."""
+    model = apps.WideResNet(52, 1, input_shape=(16, 16, 3), normalization="skipinit", loop_blocks=True, seed=seed)
     layer = model.get_layer("group1_block1_x8")
     kernel = keras.ops.convert_to_numpy(next(w.value for w in layer._stacked if w.name == "1_conv_kernel"))
     assert kernel.shape == (8, 3, 3, 16, 16)
-    assert not np.allclose(kernel[0], kernel[1])
+    assert not any(np.allclose(kernel[i], kernel[j]) for i in range(8) for j in range(i))
     np.testing.assert_allclose(kernel.std(axis=(1, 2, 3, 4)), np.sqrt(2 / (3 * 3 * 16)), rtol=0.1)
 
 
