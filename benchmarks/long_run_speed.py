@@ -1,6 +1,6 @@
 """Training img/s of the settings a long CPU run can choose (issue 19, part 1).
 
-WRN-n-1 on Fashion-MNIST (28x28x1) at batch 128, through the real input
+WRN-n-1 on Fashion-MNIST (28x28x1) at batch 128 (--batch_size), through the real input
 pipeline (`data.train_pipeline`: augmentation on tf.data) and the model,
 optimizer, L2 and metrics exactly as `train.py` compiles them
 (`training.compiled_model`), timed with Keras' `fit` over steady-state
@@ -34,13 +34,13 @@ VARIANTS = {  # name -> (mixed_precision, xla, extra environment)
 }
 
 
-def measure(depth, normalization, precision, xla, warmup, steps):
+def measure(depth, normalization, precision, xla, warmup, steps, batch_size=128):
     """In this process: seconds per training step after `warmup` steps."""
     import keras
 
     from keras_skipinit import data as data_lib, training
 
-    config = training.Config(depth=depth, width=1, normalization=normalization, batch_size=128,
+    config = training.Config(depth=depth, width=1, normalization=normalization, batch_size=batch_size,
                              mixed_precision=precision, xla=xla, dataset="fashion_mnist", epochs=10)
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(training.PRECISIONS[precision])
@@ -70,14 +70,17 @@ def main():
     p.add_argument("--normalizations", default="batchnorm,skipinit",
                    help="the first gets every variant; the others float32 and bfloat16 at the smallest depth")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--batch_size", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--name", help="results/<name>.json (default: long_run_speed_<device>)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30, help="timed steps per setting and round (a third at depth 100)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # worker mode: a JSON setting
     args = p.parse_args()
     if args.one:
         s = json.loads(args.one)
-        print(json.dumps(measure(s["depth"], s["normalization"], s["precision"], s["xla"], args.warmup, s["steps"])))
+        print(json.dumps(measure(s["depth"], s["normalization"], s["precision"], s["xla"], args.warmup, s["steps"],
+                                s["batch_size"])))
         return
 
     import _common
@@ -93,7 +96,8 @@ def main():
         for depth, norm, variant in settings:
             precision, xla, env = VARIANTS[variant]
             steps = max(args.steps // 3, 8) if depth >= 100 else args.steps
-            one = json.dumps({"depth": depth, "normalization": norm, "precision": precision, "xla": xla, "steps": steps})
+            one = json.dumps({"depth": depth, "normalization": norm, "precision": precision, "xla": xla, "steps": steps,
+                              "batch_size": args.batch_size})
             proc = subprocess.run([sys.executable, __file__, f"--one={one}", f"--warmup={args.warmup}"],
                                   capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env})
             if proc.returncode:
@@ -101,19 +105,22 @@ def main():
             out = json.loads(proc.stdout.strip().splitlines()[-1])
             times[(depth, norm, variant)].append(out["step_s"])
             firsts.setdefault((depth, norm, variant), out["first_step_s"])
-            print(f"round {r + 1}: WRN-{depth}-1 {norm} {variant}: {128 / out['step_s']:.0f} img/s", flush=True)
-    results, rows = [], []
+            print(f"round {r + 1}: WRN-{depth}-1 {norm} {variant}: {args.batch_size / out['step_s']:.0f} img/s",
+                  flush=True)
+    batch, results, rows = args.batch_size, [], []
     for depth, norm, variant in settings:
         sec = statistics.median(times[(depth, norm, variant)])
         ref = statistics.median(times[(depth, norm, "float32")])
-        results.append({"depth": depth, "normalization": norm, "variant": variant, "images_per_s": 128 / sec,
+        results.append({"depth": depth, "normalization": norm, "variant": variant, "images_per_s": batch / sec,
                         "step_s": sec, "step_s_per_round": times[(depth, norm, variant)],
                         "first_step_s": firsts[(depth, norm, variant)], "vs_float32": ref / sec})
-        rows.append((f"WRN-{depth}-1", norm, variant, f"{128 / sec:.0f}", f"{ref / sec:.2f}x",
+        rows.append((f"WRN-{depth}-1", norm, variant, f"{batch / sec:.0f}", f"{ref / sec:.2f}x",
                      f"{firsts[(depth, norm, variant)]:.0f}"))
-    print(f"\nbatch 128, 28x28x1 Fashion-MNIST through the training pipeline, {_common.BACKEND}, {_common.device()}")
+    print(f"\nbatch {batch}, 28x28x1 Fashion-MNIST through the training pipeline, {_common.BACKEND}, "
+          f"{_common.device()}")
     print(_common.table(("model", "normalization", "setting", "img/s", "vs float32", "first step s"), rows))
-    print("\nwrote", _common.write("long_run_speed_" + _common.device(), {"args": vars(args), "results": results}))
+    name = args.name or "long_run_speed_" + _common.device()
+    print("\nwrote", _common.write(name, {"args": vars(args), "results": results}))
 
 
 if __name__ == "__main__":
