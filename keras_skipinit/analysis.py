@@ -35,7 +35,7 @@ import keras
 import numpy as np
 
 STATISTICS = ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var")
-TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn")
+TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")
 
 
 def residual_blocks(model):
@@ -111,10 +111,17 @@ def toy_resnet(kind, depth, width=1000, input_shape=(100,), seed=0):
     - 'relu_bn': BN-ReLU-Dense stem, branches BN-ReLU-Dense (He normal; App. C).
     - 'conv_relu_bn': conv(stride 2)-BN-ReLU-conv(stride 2) stem, branches
       BN-ReLU-conv3x3 (He normal); `width` channels, image inputs.
+    - 'relu_sqrt2': Dense stem, branches ReLU-Dense (He normal), no
+      normalization, each sum divided by sqrt(2) (SkipInit §2.1's baseline):
+      variance 2 at every block at infinite width; finite `width` tests how
+      far one draw strays from that.
     All skips are identities; block l's input is x^l (x^1 = stem output).
     """
+    from keras_skipinit.applications import _base
+
     if kind not in TOYS:
         raise ValueError(f"toy must be one of {TOYS}, got {kind!r}.")
+    _base.allow_deep_graph(depth)
     rng = iter(range(seed * 100003, seed * 100003 + 10 * depth + 10))
 
     def weight_layer(name, relu):
@@ -125,8 +132,8 @@ def toy_resnet(kind, depth, width=1000, input_shape=(100,), seed=0):
             )(x)
         return lambda x, strides=1: keras.layers.Dense(width, use_bias=False, kernel_initializer=init, name=name)(x)
 
-    relu = kind in ("relu_bn", "conv_relu_bn")
-    normalized = kind != "linear"
+    relu = kind in ("relu_bn", "conv_relu_bn", "relu_sqrt2")
+    normalized = kind not in ("linear", "relu_sqrt2")
 
     def branch(x, prefix):
         if normalized:
@@ -147,6 +154,8 @@ def toy_resnet(kind, depth, width=1000, input_shape=(100,), seed=0):
         y = weight_layer(prefix + "_weights", relu)(branch(x, prefix))
         y = keras.layers.Identity(name=prefix + "_branch_out")(y)
         x = keras.layers.Add(name=prefix + "_add")([x, y])
+        if kind == "relu_sqrt2":
+            x = keras.layers.Rescaling(1 / math.sqrt(2), name=prefix + "_sqrt2")(x)
         x = keras.layers.Identity(name=prefix + "_out")(x)
     return keras.Model(inputs, x, name=f"toy_{kind}_{depth}")
 
@@ -164,6 +173,8 @@ def theory(kind, block):
             "bn_moving_var": block * (1 - 1 / math.pi),
             "bn_moving_mean_sq": block / math.pi,
         }
+    if kind == "relu_sqrt2":  # He stem on unit inputs: 2; a branch keeps its input's, the sum / sqrt(2) too
+        return {"skip_var": 2.0, "branch_var": 2.0}
     raise ValueError(f"no closed-form prediction for toy {kind!r}.")
 
 

@@ -55,6 +55,18 @@ def test_bn_relu_net_moving_statistics_follow_appendix_c():
     assert np.all(column(rows, "bn_moving_var")[4:] < column(rows, "skip_var")[4:])
 
 
+def test_sqrt2_relu_net_keeps_variance_at_width_1000_not_at_width_16():
+    """/sqrt(2) (SkipInit §2.1's baseline) preserves the variance on average
+    over the weights: at width 1000 one draw stays at the theory's 2; at
+    width 16 the product of the blocks' random gains falls by orders."""
+    rows = analysis.block_statistics(analysis.toy_resnet("relu_sqrt2", 16, 1000), gaussian(1000))
+    # one draw's gains wander ~5% a block at width 1000: within 30% over 16 blocks (without the sqrt(2): 2^16)
+    np.testing.assert_allclose(column(rows, "skip_var"), analysis.theory("relu_sqrt2", 1)["skip_var"], rtol=0.3)
+    np.testing.assert_allclose(column(rows, "branch_var"), 2.0, rtol=0.3)
+    narrow = analysis.block_statistics(analysis.toy_resnet("relu_sqrt2", 200, 16), gaussian(256))
+    assert column(narrow, "skip_var")[-1] < 1e-3 * column(narrow, "skip_var")[0]
+
+
 def test_conv_relu_bn_net_runs_on_images():
     model = analysis.toy_resnet("conv_relu_bn", 6, 16, (28, 28, 1))
     rows = analysis.block_statistics(model, analysis._inputs("mnist_embedded", (28, 28, 1), 32, 0))

@@ -92,6 +92,12 @@ def variant(make, **fixed):
     return _bound(lambda **arguments: make(**fixed, **arguments), signature)
 
 
+def allow_deep_graph(num_blocks):
+    """Keras walks a functional graph recursively (a few frames per layer):
+    1000-layer nets need far more than Python's default limit of 1000."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000 + 60 * num_blocks))
+
+
 def build(body_fn, arguments, *, context, default_name, default_input_shape, stem_stride):
     """Validates the common arguments, resolves the recipe, builds the model.
 
@@ -125,9 +131,7 @@ def build(body_fn, arguments, *, context, default_name, default_input_shape, ste
         raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
     classes = int(classes) if include_top else classes
     recipe = norm_lib.resolve(method.pop("normalization"), context, **method)
-    # Keras walks the functional graph recursively (a few frames per layer):
-    # 1000-layer nets need far more than Python's default limit of 1000.
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000 + 60 * recipe.num_blocks))
+    allow_deep_graph(recipe.num_blocks)
 
     if input_tensor is None:
         inputs = keras.Input(shape=_check_input_shape(input_shape, default_input_shape))
