@@ -207,6 +207,37 @@ def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path,
     assert not (tmp_path / "new").exists()
 
 
+def test_table1_report_shows_a_deeper_sweeps_cells_beside_its_own(tmp_path, monkeypatch, capsys):
+    """Issue 42.4: Table 1's depth-1000 row (2 of 2 seeds, its own --out)
+    beside depths 16 and 100 in one table and figure; a folder of another
+    experiment (here another width) is refused in one line, before any run."""
+    def train(config):  # depth 22: 2^-3 best (0.7, 0.6), 2^-2 diverges, 2^-4 0.6
+        k = round(math.log2(config.learning_rate))
+        acc = {-4: 0.6, -3: 0.7 - 0.1 * config.seed}.get(k) if config.depth == 22 else 0.8 + 0.01 * k
+        return {"status": "completed" if acc else "diverged", "test_top1": acc, "train_cross_entropy": 2.0 - (acc or 0),
+                "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    common = ["--protocol=table1", "--methods=skipinit", "--log2_lrs=-4,-3,-2", "--best_k=2"]
+    sweep.main([*common, "--depths=22", "--seeds=2", f"--out={tmp_path}/deep"])
+    sweep.main([*common, "--depths=10", "--seeds=3", f"--out={tmp_path}/main"])
+    sweep.main([*common, "--depths=10", "--seeds=3", "--report_only", f"--out={tmp_path}/main",
+                f"--beside={tmp_path}/deep"])
+    table = (tmp_path / "main" / "table.md").read_text()
+    assert ("| method | depth 10: test acc. % (lr) | depth 22 (best 2 of 2: deep/): test acc. % (lr) |"
+            in table)
+    assert "| SkipInit (alpha = 0) | 78.0 ± 0.0 (2^-2) | 65.0 ± 5.0 (2^-3) |" in table
+    assert "| SkipInit (alpha = 0) | 22 | 2^-4 .. 2^-2 (3) | 2^-3 | interior | 2 / 6 |" in table
+    cells = json.loads((tmp_path / "main" / "summary.json").read_text())["cells"]
+    assert cells["skipinit/depth22"]["optimum"] == "interior" and "skipinit/depth10" in cells
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main([*common, "--depths=10", "--width=2", f"--out={tmp_path}/wide", f"--beside={tmp_path}/deep"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and "--beside:" in line and "--width=1 there, 2 here" in line
+    assert not (tmp_path / "wide").exists()
+
+
 def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):
     """Issue 46.6: a run stopped by Ctrl-C (checkpointed by train) ends the
     sweep with one line and exit 130; it is not a result."""

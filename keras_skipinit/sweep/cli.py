@@ -91,9 +91,9 @@ def build_parser():
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
     parser.add_argument("--beside", type=_names, default=[],
-                        help="--protocol=edge: other edge sweeps' --out folders (their summary.json) whose cells fill "
-                             "the depths this sweep did not run, in its table and plot (depth 1000 in its own folder "
-                             "with fewer seeds)")
+                        help="--protocol=edge or table1: other such sweeps' --out folders (their summary.json) whose "
+                             "cells fill the depths this sweep did not run, in its table and plot (depth 1000 in its own "
+                             "folder with fewer seeds)")
     parser.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
                         help="sequential: each run in this process in turn; ray: each run a Ray task (pip install -e \".[ray]\")")
     parser.add_argument("--ray_address", default=None,
@@ -151,7 +151,7 @@ def main(argv=None):
         from keras_skipinit import run_dir
 
         run_dir.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
-        report.load_beside(args.beside)  # refused before any run
+        report.load_beside(args.beside, args)  # refused before any run
         if not args.report_only:
             run_dir.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:

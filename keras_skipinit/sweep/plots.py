@@ -38,10 +38,14 @@ def _plt():
     return plt
 
 
-def plot_table1(details, args):
+def plot_table1(details, args, borrowed=None):
+    """Accuracy and training cross-entropy against the rate, a column per
+    depth; `borrowed` ({depth: sweep}): depths from another folder (--beside)."""
     plt = _plt()
-    fig, axes = plt.subplots(2, len(args.depths), figsize=(5 * len(args.depths), 7), sharex="col", squeeze=False)
-    for col, depth in enumerate(args.depths):
+    borrowed = borrowed or {}
+    depths = sorted(set(args.depths) | set(borrowed))
+    fig, axes = plt.subplots(2, len(depths), figsize=(5 * len(depths), 7), sharex="col", squeeze=False)
+    for col, depth in enumerate(depths):
         acc_ax, ce_ax = axes[0][col], axes[1][col]
         acc_ax.axhline(100 * args.chance_level, color="gray", lw=0.8, ls="--")
         for i, key in enumerate(args.methods):
@@ -57,7 +61,9 @@ def plot_table1(details, args):
             ce = cell["train_cross_entropy"]
             ce_ax.plot([math.log2(r["lr"]) for r in ce], [r["mean"] if r["mean"] is not None else np.nan for r in ce],
                        "o-", color=color)
-        acc_ax.set_title(f"{arch(args, depth)} (x: failed)")
+        other = borrowed.get(depth)
+        acc_ax.set_title(f"{arch(args, depth)} (x: failed)" if other is None else
+                         f"{arch(args, depth)}, best {other['best_k']} of {other['seeds']} (x: failed)")
         ce_ax.set_xlabel("log2 learning rate")
         ce_ax.set_yscale("log")
         for ax in (acc_ax, ce_ax):

@@ -35,9 +35,11 @@ def skipinit_table1():
     WRN-100-1, one epoch of 9,600 Fashion-MNIST images, best 2 of 3 seeds
     per rate, the grid extended until each optimum is interior.
 
-        python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1
+        python -m keras_skipinit.sweep --preset=skipinit_table1 --out=docs/skipinit_table1 \
+            --beside=docs/skipinit_table1/depth1000
 
-    (Depth 1000: skipinit_table1_deep.) Budget and results:
+    (Depth 1000: skipinit_table1_deep, whose folder the command's table and
+    figure show beside depths 16 and 100.) Budget and results:
     docs/skipinit_table1/README.md."""
     return dict(protocol="table1", depths=[16, 100], width=1,
                 methods=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"],

@@ -75,9 +75,15 @@ def summarize(runs, best_k, chance, key="test_top1", lower_is_better=False):
             "mean": None if failed else float(np.mean(ranked)),
             "std": None if failed else float(np.std(ranked)),
         })
+    return best_row(rows, lower_is_better), rows
+
+
+def best_row(rows, lower_is_better=False):
+    """The best of `summarize`'s rows (None if every rate failed); also of
+    rows read back from a summary.json."""
     scored = [r for r in rows if r["mean"] is not None]
     pick = min if lower_is_better else max
-    return (pick(scored, key=lambda r: r["mean"]) if scored else None), rows
+    return pick(scored, key=lambda r: r["mean"]) if scored else None
 
 
 def grid_edge(best, rows):

@@ -11,7 +11,7 @@ from keras_skipinit import files
 from keras_skipinit.sweep import plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
-from keras_skipinit.sweep.protocol import (EDGE, FINAL, SELECT, grid_edge, in_cell, lr_label, run_ident,
+from keras_skipinit.sweep.protocol import (EDGE, FINAL, SELECT, best_row, grid_edge, in_cell, lr_label, run_ident,
                                            stability_edge, summarize)
 
 
@@ -29,38 +29,62 @@ def _cell(best, fmt):
     return f"{fmt(best['mean'])} ± {fmt(best['std'])} ({lr_label(best['lr'])})"
 
 
-def table1_tables(runs, args):
+def table1_tables(runs, args, beside=()):
     """SkipInit Table 1 (test accuracy) and App. D Table 3 (training loss),
-    and a per-cell account of the learning-rate grid."""
-    acc_lines = ["| method | " + " | ".join(f"depth {d}: test acc. % (lr)" for d in args.depths) + " |"]
-    ce_lines = ["| method | " + " | ".join(f"depth {d}: train cross-entropy (lr)" for d in args.depths) + " |"]
-    acc_lines.append("|---|" + "---|" * len(args.depths))
-    ce_lines.append(acc_lines[1])
-    grid = ["| method | depth | learning rates tried | best (acc.) | optimum | failed runs / runs |", "|---|---|---|---|---|---|"]
+    and a per-cell account of the learning-rate grid; `beside`
+    (`load_beside`): other table1 sweeps, whose cells fill the depths this
+    one did not run (depth 1000's 2 of 2 seeds in their own --out)."""
     details = {}
     for key in args.methods:
-        accs, ces = [], []
         for depth in args.depths:
             subset = in_cell(runs, (key, depth, args.batch_sizes[0]))
-            if not subset:
+            if subset:
+                best, rows = summarize(subset, args.best_k, args.chance)
+                ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)[1]
+                details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows,
+                                                  "optimum": grid_edge(best, rows) if best else "all failed"}
+    borrowed = _borrow(details, args, beside)
+    depths = sorted(set(args.depths) | set(borrowed))
+    heads = {d: f"depth {d}" + (f" (best {borrowed[d]['best_k']} of {borrowed[d]['seeds']}: {borrowed[d]['out']}/)"
+                                 if d in borrowed else "") for d in depths}
+    acc_lines = ["| method | " + " | ".join(f"{heads[d]}: test acc. % (lr)" for d in depths) + " |"]
+    ce_lines = ["| method | " + " | ".join(f"{heads[d]}: train cross-entropy (lr)" for d in depths) + " |"]
+    acc_lines.append("|---|" + "---|" * len(depths))
+    ce_lines.append(acc_lines[1])
+    grid = ["| method | depth | learning rates tried | best (acc.) | optimum | failed runs / runs |", "|---|---|---|---|---|---|"]
+    for key in args.methods:
+        accs, ces = [], []
+        for depth in depths:
+            cell = details.get(f"{key}/depth{depth}")
+            if cell is None:
                 accs.append(NOT_RUN), ces.append(NOT_RUN)
                 continue
-            best, rows = summarize(subset, args.best_k, args.chance)
-            best_ce, ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)
-            if best is None:
-                best_ce = None  # no run trained: no training loss to report (as in the paper)
+            rows = cell["test_top1"]
+            best = best_row(rows)
+            best_ce = best_row(cell["train_cross_entropy"], lower_is_better=True) if best else None  # as the paper
             accs.append(_cell(best, lambda v: f"{100 * v:.1f}"))
             ces.append(_cell(best_ce, lambda v: f"{v:.3f}"))
             tried = sorted(r["lr"] for r in rows)
-            where = grid_edge(best, rows) if best else "all failed"
             grid.append(
                 f"| {METHODS[key][0]} | {depth} | {lr_label(tried[0])} .. {lr_label(tried[-1])} ({len(tried)}) | "
-                f"{lr_label(best['lr']) if best else '—'} | {where} | {sum(r['failed'] for r in rows)} / {len(subset)} |"
+                f"{lr_label(best['lr']) if best else '—'} | {cell['optimum']} | "
+                f"{sum(r['failed'] for r in rows)} / {sum(r['runs'] for r in rows)} |"
             )
-            details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows, "optimum": where}
         acc_lines.append(f"| {METHODS[key][0]} | " + " | ".join(accs) + " |")
         ce_lines.append(f"| {METHODS[key][0]} | " + " | ".join(ces) + " |")
-    return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details
+    return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details, borrowed
+
+
+def _borrow(details, args, beside):
+    """Adds to `details` the cells of the `beside` sweeps at the depths this
+    sweep has no cell at (the first sweep listed wins); returns {depth: sweep}."""
+    own = {int(name.split("/depth")[1]) for name in details}
+    borrowed = {}
+    for sweep in beside:
+        for depth in sorted(set(sweep["depths"]) - own - set(borrowed)):
+            borrowed[depth] = sweep
+            details.update({name: cell for name, cell in sweep["cells"].items() if name.endswith(f"/depth{depth}")})
+    return borrowed
 
 
 def depth_table(runs, args):
@@ -100,12 +124,7 @@ def edge_table(runs, args, beside=()):
             subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
             if subset:
                 details[f"{key}/depth{depth}"] = _edge_cell(summarize(subset, args.best_k, args.chance)[1])
-    own = {int(name.split("/depth")[1]) for name in details}
-    borrowed = {}
-    for sweep in beside:
-        for depth in sorted(set(sweep["depths"]) - own - set(borrowed)):
-            borrowed[depth] = sweep
-            details.update({name: cell for name, cell in sweep["cells"].items() if name.endswith(f"/depth{depth}")})
+    borrowed = _borrow(details, args, beside)
     columns = {**{d: f"depth {d}" for d in args.depths},
                **{d: f"depth {d} ({s['best_k']} of {s['seeds']}: {s['out']}/)" for d, s in borrowed.items()}}
     depths = sorted(columns)
@@ -138,10 +157,19 @@ def _edge_text(cell):
     return f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
 
 
-def load_beside(folders):
-    """--beside: each folder's edge sweep as its summary.json recorded it
-    (depths, best_k of seeds, cells), for a table and plot across sweeps
-    (depth 1000 runs fewer seeds in its own --out)."""
+# What a sweep shown beside another must share with it (its depths, seeds and methods may differ).
+SAME_EXPERIMENT = ("protocol", "model", "width", "dataset", "batch_sizes", "epochs", "train_examples", "steps_per_epoch",
+                   "l2", "preprocessing", "mixup_alpha", "schedule", "bn_momentum", "chance")
+
+
+def load_beside(folders, args):
+    """--beside: each folder's sweep as its summary.json recorded it (depths,
+    best_k of seeds, cells), for one table and plot across sweeps (depth
+    1000 runs fewer seeds in its own --out). Edge and table1 sweeps only; a
+    folder whose settings differ from this sweep's (`SAME_EXPERIMENT`) is refused."""
+    if folders and args.protocol not in (EDGE, "table1"):
+        raise ValueError(f"--beside: only --protocol={EDGE} and table1 sweeps show other sweeps' depths, "
+                         f"not --protocol={args.protocol}")
     sweeps = []
     for folder in folders:
         path = os.path.join(folder, "summary.json")
@@ -151,8 +179,10 @@ def load_beside(folders):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"--beside: cannot read {path} ({files.one_line(e) if isinstance(e, OSError) else e!r}): "
                              "write it first with that sweep's --report_only") from None
-        if settings.get("protocol") != EDGE:
-            raise ValueError(f"--beside: {folder} holds a --protocol={settings.get('protocol')} sweep, not {EDGE}")
+        differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here" for k in SAME_EXPERIMENT
+                  if settings.get(k) != getattr(args, k)]
+        if differ:
+            raise ValueError(f"--beside: {folder} is another experiment ({'; '.join(differ)})")
         sweeps.append({"out": os.path.basename(os.path.normpath(folder)), "depths": settings["depths"],
                        "best_k": settings["best_k"], "seeds": settings["seeds"], "cells": cells})
     return sweeps
@@ -270,14 +300,14 @@ def report(runs, args):
                 f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
         plots.plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
     elif args.protocol == EDGE:
-        text, details, borrowed = edge_table(runs, args, load_beside(args.beside))
+        text, details, borrowed = edge_table(runs, args, load_beside(args.beside, args))
         plots.plot_edges(details, args, borrowed)
     elif args.protocol == "table1":
-        accuracy, cross_entropy, grid, details = table1_tables(runs, args)
+        accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args))
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
                 f"Learning-rate grid per cell\n\n{grid}\n")
-        plots.plot_table1(details, args)
+        plots.plot_table1(details, args, borrowed)
     else:
         table, details = depth_table(runs, args)
         split = "validation" if args.validation_examples else "test"
