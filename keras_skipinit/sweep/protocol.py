@@ -50,6 +50,13 @@ def in_cell(runs, cell, phase=None):
             and (phase is None or r.get("phase", SELECT) == phase)]
 
 
+# The training settings that make runs one experiment: one --out holds runs that agree on them
+# (runner.check_same_experiment), and a --beside folder is shown only if its sweep does.
+EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
+              "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
+              "mixup_alpha", "preprocessing")
+
+
 def summarize(runs, best_k, chance, key="test_top1", lower_is_better=False):
     """Per learning rate: mean and std of the best k of n values of `key`.
 

@@ -11,8 +11,8 @@ from keras_skipinit import files
 from keras_skipinit.sweep import plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
-from keras_skipinit.sweep.protocol import (EDGE, FINAL, SELECT, best_row, grid_edge, in_cell, lr_label, run_ident,
-                                           stability_edge, summarize)
+from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, SELECT, best_row, grid_edge, in_cell, lr_label,
+                                           run_ident, stability_edge, summarize)
 
 
 def protocol_batch(run):
@@ -43,7 +43,7 @@ def table1_tables(runs, args, beside=()):
                 ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)[1]
                 details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows,
                                                   "optimum": grid_edge(best, rows) if best else "all failed"}
-    borrowed = _borrow(details, args, beside)
+    borrowed = _borrow(details, beside)
     depths = sorted(set(args.depths) | set(borrowed))
     heads = {d: f"depth {d}" + (f" (best {borrowed[d]['best_k']} of {borrowed[d]['seeds']}: {borrowed[d]['out']}/)"
                                  if d in borrowed else "") for d in depths}
@@ -75,7 +75,7 @@ def table1_tables(runs, args, beside=()):
     return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details, borrowed
 
 
-def _borrow(details, args, beside):
+def _borrow(details, beside):
     """Adds to `details` the cells of the `beside` sweeps at the depths this
     sweep has no cell at (the first sweep listed wins); returns {depth: sweep}."""
     own = {int(name.split("/depth")[1]) for name in details}
@@ -124,7 +124,7 @@ def edge_table(runs, args, beside=()):
             subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
             if subset:
                 details[f"{key}/depth{depth}"] = _edge_cell(summarize(subset, args.best_k, args.chance)[1])
-    borrowed = _borrow(details, args, beside)
+    borrowed = _borrow(details, beside)
     columns = {**{d: f"depth {d}" for d in args.depths},
                **{d: f"depth {d} ({s['best_k']} of {s['seeds']}: {s['out']}/)" for d, s in borrowed.items()}}
     depths = sorted(columns)
@@ -157,16 +157,11 @@ def _edge_text(cell):
     return f"2^{edge} ({trained[edge]}/{runs_at[edge]} trained; {above})"
 
 
-# What a sweep shown beside another must share with it (its depths, seeds and methods may differ).
-SAME_EXPERIMENT = ("protocol", "model", "width", "dataset", "batch_sizes", "epochs", "train_examples", "steps_per_epoch",
-                   "l2", "preprocessing", "mixup_alpha", "schedule", "bn_momentum", "chance")
-
-
 def load_beside(folders, args):
     """--beside: each folder's sweep as its summary.json recorded it (depths,
     best_k of seeds, cells), for one table and plot across sweeps (depth
     1000 runs fewer seeds in its own --out). Edge and table1 sweeps only; a
-    folder whose settings differ from this sweep's (`SAME_EXPERIMENT`) is refused."""
+    folder whose settings differ from this sweep's (`EXPERIMENT`) is refused."""
     if folders and args.protocol not in (EDGE, "table1"):
         raise ValueError(f"--beside: only --protocol={EDGE} and table1 sweeps show other sweeps' depths, "
                          f"not --protocol={args.protocol}")
@@ -179,8 +174,9 @@ def load_beside(folders, args):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"--beside: cannot read {path} ({files.one_line(e) if isinstance(e, OSError) else e!r}): "
                              "write it first with that sweep's --report_only") from None
-        differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here" for k in SAME_EXPERIMENT
-                  if settings.get(k) != getattr(args, k)]
+        differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here"  # its depths, seeds, methods may differ
+                  for k in ("protocol", "batch_sizes", "micro_batch_size", "chance", *EXPERIMENT)
+                  if hasattr(args, k) and settings.get(k) != getattr(args, k)]  # momentum, accumulation: no flags
         if differ:
             raise ValueError(f"--beside: {folder} is another experiment ({'; '.join(differ)})")
         sweeps.append({"out": os.path.basename(os.path.normpath(folder)), "depths": settings["depths"],

@@ -16,11 +16,6 @@ from keras_skipinit.sweep.presets import METHODS
 # The training.Config fields that make two sweeps different experiments (the method, depth, batch,
 # rate and seed are a run's ident). Not: speed settings, paths, and --mixed_precision=auto, which
 # differs by machine on purpose.
-_EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
-               "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
-               "mixup_alpha", "preprocessing")
-
-
 def config(settings, run):
     """A run's training.Config. Runs that choose the learning rate evaluate on
     --validation_examples held out of the training set; final runs train on
@@ -62,7 +57,7 @@ def check_same_experiment(settings, done, path):
         if run_id[0] not in METHODS:
             raise ValueError(f"{path} holds runs of method {run_id[0]!r}, which this version does not know")
         wanted = dataclasses.asdict(config(settings, run_id))
-        differ = [f"{k} {recorded[k]!r} there, {wanted[k]!r} here" for k in _EXPERIMENT
+        differ = [f"{k} {recorded[k]!r} there, {wanted[k]!r} here" for k in protocol.EXPERIMENT
                   if k in recorded and recorded[k] != wanted[k]]
         if settings.protocol != "batch_scaling" and run_id[2] != settings.batch_size:  # a cell's axis only there
             differ.append(f"batch_size {run_id[2]!r} there, {settings.batch_size!r} here")
