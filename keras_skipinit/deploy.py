@@ -27,7 +27,6 @@ instead. The optional packages: ``pip install -e ".[export]"``.
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _startup, inference, preprocessing as preprocessing_lib, serving
+from keras_skipinit import _startup, inference, preprocessing as preprocessing_lib, publish, serving
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -136,7 +135,7 @@ def _litert_bytes(serve, spec, saved_model, quantize, calibration, labels):
 def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None, labels=None, overwrite=False,
                 check_on=None):
     """Writes `model` as one `fmt` file at `path` (and its class names at
-    `labels_path(path)` when `labels` are given); returns `path`.
+    `publish.labels_path(path)` when `labels` are given); returns `path`.
 
     Everything is made in a staging folder beside `path` (same filesystem:
     the final moves are renames, so a kill or a full disk leaves no partial
@@ -144,8 +143,10 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
     is checked (`check`) before it replaces anything: a float file beyond the
     tolerance goes to `failed_path(path)` with its record, CheckFailed is
     raised and `path` stays as it was. Nothing is replaced unless
-    `overwrite`; the moves hold a lock on the folder, so two exports to one
-    `path` cannot mix their files."""
+    `overwrite`, but a labels file that names the same classes is shared
+    (m.tflite and m.onnx of one model); `publish.Stage` puts the file, its
+    record and its labels in place as one unit. A full disk is an OSError, with
+    nothing left behind."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     require(fmt)
@@ -156,61 +157,39 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
     if quantize == "int8" and (calibration is None or not len(calibration)):
         raise ValueError("--quantize=int8 needs calibration images (the run's training split)")
     check_output(path, fmt, overwrite)
-    stage = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        staged = os.path.join(stage, os.path.basename(path))
-        _convert(model, fmt, staged, preprocessing, quantize, calibration, labels)
+    suffixes = [f.suffix for f in FORMATS.values()]
+    publish.check_labels(path, None if labels is None else publish.labels_text(labels), overwrite, suffixes)
+    with publish.Stage(os.path.dirname(os.path.abspath(path)), suffixes) as stage, serving.disk_errors(path):
+        staged = os.path.join(stage.path, os.path.basename(path))
+        _convert(model, fmt, staged, preprocessing, quantize, calibration, labels, stage.path)
         if labels:
-            write_labels(labels_path(staged), labels)
+            publish.write_labels(publish.labels_path(staged), labels)
         if check_on is not None:
             images, answers, *want = check_on
             try:
                 check(staged, model, images, answers, preprocessing, quantize, *want)
             except CheckFailed as e:
-                _publish(staged, failed_path(path), overwrite=True)
+                stage.publish(staged, failed_path(path), overwrite=True)
                 raise CheckFailed(str(e).replace(staged, failed_path(path)), e.report) from None
-        _publish(staged, path, overwrite)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        stage.publish(staged, path, overwrite)
     return path
 
 
-def _convert(model, fmt, staged, preprocessing, quantize, calibration, labels):
-    """The file's bytes, written (and synced) to `staged`."""
-    tmp = tempfile.mkdtemp(prefix="keras_skipinit_export_")
+def _convert(model, fmt, staged, preprocessing, quantize, calibration, labels, work_dir):
+    """The file's bytes, written (and synced) to `staged`; the SavedModel
+    it is converted from is made in `work_dir` (the staging folder)."""
+    saved_model = os.path.join(work_dir, "saved_model")
     try:
-        serve, spec = _archive(inference.inference_model(model), preprocessing, os.path.join(tmp, "saved_model"))
-        blob = FORMATS[fmt].convert(serve, spec, os.path.join(tmp, "saved_model"), quantize, calibration, labels)
+        serve, spec = _archive(inference.inference_model(model), preprocessing, saved_model)
+        blob = FORMATS[fmt].convert(serve, spec, saved_model, quantize, calibration, labels)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(saved_model, ignore_errors=True)
     with open(staged, "wb") as f:
         f.write(blob)
         f.flush()
         os.fsync(f.fileno())
     if quantize is not None and FORMATS[fmt].quantize_file is not None:
         os.replace(FORMATS[fmt].quantize_file(staged, quantize, calibration), staged)
-
-
-def _publish(staged, path, overwrite):
-    """Moves a staged file, its check record and its class names to `path`
-    under an exclusive lock on the folder. The old record goes first, the
-    new one last: a kill between the moves leaves a file without a record,
-    never a record of another file."""
-    moves = [(staged + ".check.json", path + ".check.json"), (labels_path(staged), labels_path(path)),
-             (staged, path)]
-    moves = [(source, target) for source, target in moves if os.path.exists(source)]
-    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
-        taken = [target for _, target in moves if os.path.exists(target)]
-        if taken and not overwrite:
-            raise ValueError(f"{taken[0]} exists (written by another export meanwhile?); pass --overwrite to replace it")
-        if os.path.exists(path + ".check.json"):
-            os.remove(path + ".check.json")
-        for source, target in moves[1:] + moves[:1]:  # the file before its record
-            os.replace(source, target)
-    finally:
-        os.close(folder)  # releases the lock
 
 
 def _onnx_bytes(serve, spec, saved_model, quantize, calibration, labels):
@@ -243,8 +222,9 @@ def _onnx_int8(path, quantize, calibration):
 
 
 def check_output(path, fmt, overwrite):
-    """Refuses a missing directory, a wrong suffix, or an existing file (or
-    its class names file) without `overwrite`."""
+    """Refuses a missing directory, a wrong suffix, or an existing file
+    without `overwrite` (its labels file: `_check_labels`, once the model's
+    class names are known)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not path.endswith(FORMATS[fmt].suffix):
         raise ValueError(f"--output for --format={fmt} must end in {FORMATS[fmt].suffix}, got {path}")
@@ -255,19 +235,8 @@ def check_output(path, fmt, overwrite):
     longest = os.path.basename(failed_path(path)) + ".check.json"  # the longest name an export writes there
     if len(longest.encode()) > os.pathconf(directory, "PC_NAME_MAX"):
         raise ValueError(f"--output's name is too long for its filesystem (the export writes {longest!r} beside it)")
-    for target in (path, labels_path(path)):
-        if os.path.exists(target) and not overwrite:
-            raise ValueError(f"{target} exists; pass --overwrite to replace it")
-
-
-def _stem(path):
-    return os.path.splitext(os.path.abspath(path))[0]
-
-
-def labels_path(path):
-    """The class names of the file at `path`: m.tflite -> m.labels.txt (one
-    per exported file, so files in one folder do not share or replace one)."""
-    return _stem(path) + ".labels.txt"
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it")
 
 
 def read_check(path):
@@ -278,12 +247,7 @@ def read_check(path):
 
 def failed_path(path):
     """Where a file that failed its check is kept: m.tflite -> m.check_failed.tflite."""
-    return _stem(path) + ".check_failed" + os.path.splitext(path)[1]
-
-
-def write_labels(path, labels):
-    with open(path, "w") as f:
-        f.write("".join(f"{label}\n" for label in labels))
+    return publish.stem(path) + ".check_failed" + os.path.splitext(path)[1]
 
 
 def read_labels(path, classes):

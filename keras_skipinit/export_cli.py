@@ -5,7 +5,9 @@ backend, it runs itself again with KERAS_BACKEND=tensorflow.
 Exit status: 0 written and checked, 2 bad flags or input (nothing written),
 4 a written file failed its check against the Keras model (kept beside
 --output as <name>.check_failed.<suffix> with its .check.json, for
-inspection; --output and anything the user had are left as they were)."""
+inspection; --output and anything the user had are left as they were),
+5 the export could not be written (a full disk, a read-only filesystem:
+one line, nothing half-made left)."""
 
 import os
 import sys
@@ -13,7 +15,7 @@ import sys
 import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli
+from keras_skipinit import _cli, publish
 
 _cli.exit_without_tensorflow("export")  # deploy imports it
 from keras_skipinit import deploy, preprocessing as preprocessing_lib  # noqa: E402
@@ -95,6 +97,9 @@ def main(argv):
     except ValueError as e:
         print(f"{_cli.program('export')}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, a filesystem gone read-only: nothing half-made is left
+        print(f"{_cli.program('export')}: error: {e}; nothing was written", file=sys.stderr)
+        return 5
     print(f"Exported {source} to {path} (signatures: serving_default, predict_image_bytes; {preprocessing}).")
     print(f"Inspect: saved_model_cli show --all --dir {path}")
     return 0
@@ -183,7 +188,7 @@ def _export_file(model, preprocessing, source, labels):
           f"{report['images']} {dataset.name} {dataset.eval_split} images: max |p - p_keras| "
           f"{report['max_abs_diff']:.2e}, top-1 agreement {100 * report['top1_agreement']:.2f}%{accuracy}.")
     if labels:
-        print(f"Class names: {deploy.labels_path(path)}")
+        print(f"Class names: {publish.labels_path(path)}")
     return 0
 
 

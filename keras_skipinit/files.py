@@ -43,6 +43,24 @@ def removed_on_failure(path):
         raise
 
 
+@contextlib.contextmanager
+def new_folders(path):
+    """os.makedirs(path) for the block; the folders it made are removed
+    again, where still empty, when the block fails."""
+    made, folder = [], os.path.abspath(path)
+    while not os.path.exists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    os.makedirs(path, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for folder in made:  # the deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
 def write_atomic(path, content):
     """`content` (str or bytes) written to a temporary file beside `path` and
     renamed: `path` is complete or as it was."""

@@ -282,15 +282,17 @@ class Checkpoint:
 
     def save(self, model, epoch, step_in_epoch, **state):
         """Saves at (epoch, step_in_epoch) with `state` (JSON values: the
-        run's history rows, its partial epoch's metrics, its time so far) in
-        state.json beside the weights."""
+        run's history rows, its partial epoch's metrics, its time so far) and
+        the model's random state (`random_state`) in state.json beside the
+        weights."""
         out = self.write_directory
         os.makedirs(out, exist_ok=True)
         files.check_space(out, model.weights + (model.optimizer.variables if model.optimizer else []), "a checkpoint")
         with files.removed_on_failure(tempfile.mkdtemp(prefix="tmp-", dir=out)) as tmp:
             model.save_weights(os.path.join(tmp, self.WEIGHTS))
             files.write_json(os.path.join(tmp, self.STATE),
-                       files.strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch}))
+                       files.strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch,
+                                          "random_state": [_to_list(v) for v in random_state(model)]}))
             final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
             if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
                 shutil.rmtree(final)
@@ -316,6 +318,7 @@ class Checkpoint:
             try:
                 state = files.read_json(os.path.join(path, self.STATE))
                 model.load_weights(os.path.join(path, self.WEIGHTS))
+                _restore_random_state(model, state.get("random_state"), path)
             except (OSError, ValueError, KeyError) as e:
                 failures.append(f"{path} ({files.one_line(e)})")
                 continue
@@ -326,6 +329,31 @@ class Checkpoint:
             f"no readable checkpoint in {self.directory}: {'; '.join(failures)}. Delete {self.directory} to start "
             "that run over, or use a new --model_dir."
         )
+
+
+def random_state(model):
+    """The model's random-number state: the variables of its Keras
+    SeedGenerators (dropout's masks), which a weights file does not hold.
+    Each advances once per draw, so a checkpoint keeps them (state.json)
+    and a resumed run draws the masks the uninterrupted run draws."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights and v.path.endswith("seed_generator_state")]
+
+
+def _to_list(variable):
+    return [int(x) for x in keras.ops.convert_to_numpy(variable)]
+
+
+def _restore_random_state(model, saved, path):
+    """Puts `random_state`'s saved values back (none in a checkpoint of a
+    model without dropout, nor in one of an earlier version)."""
+    variables = random_state(model)
+    if saved is None:
+        return
+    if len(saved) != len(variables):
+        raise ValueError(f"{path} holds {len(saved)} random states, the model has {len(variables)}")
+    for variable, value in zip(variables, saved):
+        variable.assign(keras.ops.convert_to_tensor(value, dtype=variable.dtype))
 
 
 # --- .keras files with their preprocessing ------------------------------------------------
@@ -371,9 +399,11 @@ def load_keras(path):
 
 
 def newest_model(model_dir):
-    """(model, preprocessing, description) of the newest state in a run's
-    model_dir: its newest readable checkpoint (equal to model.keras when the
-    run finished; newer when it was resumed and stopped), else model.keras."""
+    """(model, preprocessing, description) of the newest readable state in a
+    run's model_dir: its newest readable checkpoint (equal to model.keras
+    when the run finished; newer when it was resumed and stopped), or
+    model.keras where that is newer (the newest checkpoint unreadable: a
+    fallback to an older one would lose epochs that model.keras holds)."""
     spec = read_spec(model_dir)
     checkpoint = Checkpoint(os.path.join(model_dir, CHECKPOINTS))
     path = os.path.join(model_dir, MODEL)
@@ -386,11 +416,25 @@ def newest_model(model_dir):
                 raise
             print(f"Warning: {e}; using {path}.", file=sys.stderr)
         else:
-            where = f"epoch {epoch}" + (f", step {step}" if step else "")
-            return model, spec["preprocessing"], f"checkpoint {restored} ({where})"
+            finished = _model_keras_epochs(model_dir)
+            if finished is None or (finished, 0) <= (epoch, step):
+                where = f"epoch {epoch}" + (f", step {step}" if step else "")
+                return model, spec["preprocessing"], f"checkpoint {restored} ({where})"
+            print(f"Warning: {path} (epoch {finished}) is newer than the newest readable checkpoint; using it.",
+                  file=sys.stderr)
     if os.path.exists(path):
         return load_keras(path), spec["preprocessing"], path
     raise ValueError(f"{model_dir} has neither a checkpoint nor {MODEL} to export")
+
+
+def _model_keras_epochs(model_dir):
+    """The epochs model.keras holds (results.json's, written after it), or
+    None where the run has no model.keras and results.json of a finished run."""
+    results_path = os.path.join(model_dir, RESULTS)
+    if not (os.path.exists(os.path.join(model_dir, MODEL)) and os.path.exists(results_path)):
+        return None
+    results = files.read_json(results_path)
+    return results.get("epochs_completed") if results.get("status") == "completed" else None
 
 
 def eval_metric(results, name):

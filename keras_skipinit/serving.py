@@ -18,6 +18,7 @@ The served model is `inference.fold`'s (BN, SkipInit, Fixup and NF scales
 folded into the convs) unless fold_layers=False.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -141,20 +142,36 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
     archive.add_endpoint("predict_image_bytes", serve_bytes, input_signature=bytes_spec)
     # Built beside the version (a name TF Serving ignores, one per export), then moved in: a version
     # directory appears complete or not at all, and one being replaced is served until the new one is whole.
-    os.makedirs(model_base, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=model_base)
-    try:
-        archive.write_out(tmp, verbose=False)
-        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-        with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
-            for record in _warmup_records(served, preprocessing, model_name):
-                writer.write(record)
-        _swap_in(tmp, path, overwrite)
-    except (OSError, tf.errors.OpError) as e:  # a full disk, a filesystem gone read-only: one line
-        raise ValueError(f"cannot write the SavedModel {path}: {files.one_line(e)}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with files.new_folders(model_base), disk_errors(path):
+        tmp = tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=model_base)
+        try:
+            archive.write_out(tmp, verbose=False)
+            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+            with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
+                for record in _warmup_records(served, preprocessing, model_name):
+                    writer.write(record)
+            _swap_in(tmp, path, overwrite)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+_CANNOT_WRITE = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded")
+
+
+@contextlib.contextmanager
+def disk_errors(path):
+    """A full disk or a filesystem gone read-only while writing `path`, from
+    Python or from TensorFlow's C++ writers (an OpError there): one OSError
+    of one line naming `path`."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if not any(words in str(e) for words in _CANNOT_WRITE):
+            raise
+        raise OSError(f"cannot write {path}: {files.one_line(e)}") from None
+    except OSError as e:
+        raise OSError(f"cannot write {path}: {files.one_line(e)}") from None
 
 
 def _swap_in(tmp, path, overwrite):

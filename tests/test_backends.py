@@ -249,13 +249,13 @@ def test_training_refuses_backends_it_does_not_support(tmp_path, command):
 # train.py's guarantees, each tested under JAX by the same test as under TensorFlow (the
 # tf.distribute tests excepted): two host devices for DataParallel.
 JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads them over the cores
-    ("tests/test_training.py", "killed_run_resumes or records_what or ctrl_c or divergence"),
+    ("tests/test_training.py", "killed_run_resumes or never_stopped_records or ctrl_c or divergence"),
     ("tests/test_training.py", "two_devices or gradient_accumulation_equals"),
     ("tests/test_training.py", "ghost_batches or mock_cifar10 or reported_metrics"),
     ("tests/test_training.py", "l2_term or scalar_lr or fixup_scalars or bad_configs or batch_larger "
                                "or schedule_follows or multi_worker or two_worker"),
     ("tests/test_run_dir.py", "another_method or whole_directories or kill_during_a_save or unreadable_newest "
-                              "or no_readable_checkpoint"),
+                              "or no_readable_checkpoint or every_variable"),
 ]
 
 

@@ -1,18 +1,22 @@
 """What a run leaves in its model_dir: checkpoints, reuse of a model_dir,
 results and the command lines around them (issue: hardening)."""
 
+import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 
-from conftest import train_py_in_process
+from conftest import run_cli_cases, train_py_in_process
 from keras_skipinit import _startup, applications as apps, files, run_dir, serving, training
+from keras_skipinit.normalization import NORMALIZATIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -45,6 +49,32 @@ def test_checkpoints_are_whole_directories_and_the_newest_two_are_kept(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["ckpt-000001-000000", "ckpt-000001-000003"]  # no temporaries left
     target = small_model(9)
     assert ckpt.restore(target)[0] == (1, 3) and same_weights(target, models[2])
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_a_checkpoint_restores_every_variable_of_every_method(tmp_path, normalization):
+    """Weights, optimizer slots, BN moving statistics and the random state
+    (dropout's SeedGenerators, which a weights file does not hold) of a
+    model of each method, after a few draws, come back from a checkpoint
+    into another model of the same method."""
+    def model_of(seed):
+        model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization=normalization, seed=seed,
+                                **({"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}))
+        model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse")
+        return model
+
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype("float32")
+    trained = model_of(0)
+    trained.fit(x, np.eye(3)[[0, 1, 2, 0]], batch_size=2, epochs=2, verbose=0)  # advances every state
+    run_dir.Checkpoint(str(tmp_path)).save(trained, 0, 4)
+    restored = model_of(1)
+    run_dir.Checkpoint(str(tmp_path)).restore(restored)
+    state = lambda model: [keras.ops.convert_to_numpy(v) for v in model.variables + model.optimizer.variables]
+    assert len(state(restored)) == len(state(trained))
+    for a, b in zip(state(restored), state(trained)):
+        np.testing.assert_array_equal(a, b)
+    if normalization == "regularized_skipinit":
+        assert run_dir.random_state(restored)
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -300,7 +330,7 @@ def full_disk(tmp_path):
 def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_disk, capsys):
     """Issue 45.5: a model_dir on a full disk: one line, exit 5, no partial
     checkpoint; --export_dir on a full disk: exit 4, results kept, no
-    half-written version."""
+    half-written version; python -m export there: exit 5."""
     assert train_py_in_process(*QUICK, f"--model_dir={full_disk / 'run'}") == 5
     err = capsys.readouterr().err
     assert "No space left on device" in err and "run the same command to resume" in err
@@ -308,17 +338,32 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_
     assert train_py_in_process(*QUICK, f"--model_dir={tmp_path / 'run'}", f"--export_dir={full_disk / 'serving'}") == 4
     assert "No space left on device" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / run_dir.RESULTS).read_text())["status"] == "completed"
-    assert os.listdir(full_disk / "serving" / "run") == []
+    assert not os.path.exists(full_disk / "serving" / "run")
+    # python -m export to a full disk (a SavedModel; a file made in a staging folder there): one line, exit 5,
+    # nothing left behind, not even the folders it made.
+    shutil.rmtree(full_disk / "serving", ignore_errors=True)
+    cases = [[f"--source={tmp_path / 'run'}", f"--base_path={full_disk / 'serving'}"]]
+    if importlib.util.find_spec("ai_edge_litert"):
+        cases.append([f"--source={tmp_path / 'run'}", "--format=litert", f"--output={full_disk / 'm.tflite'}"])
+    for status, _, err in run_cli_cases("export", cases, ROOT):
+        assert status == 5 and "Traceback" not in err, err[-2000:]
+        (line,) = [line for line in err.splitlines() if "error:" in line]
+        assert "No space left on device" in line and "nothing was written" in line
+    assert os.listdir(full_disk) == ["run"]  # the refused training run's, above
 
 
 @pytest.mark.heavy
-def test_export_falls_back_to_model_keras_when_no_checkpoint_is_readable(tmp_path, capsys):
+def test_export_takes_model_keras_where_it_is_newer_than_every_readable_checkpoint(tmp_path, capsys):
     from keras_skipinit import serving
 
     model_dir = tmp_path / "run"
-    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
-    for _, _, path in run_dir.Checkpoint(str(model_dir / "checkpoint")).all():
-        open(os.path.join(path, run_dir.Checkpoint.WEIGHTS), "wb").close()
+    training.train(training.Config(depth=10, epochs=2, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    (_, _, newest), (_, _, older) = run_dir.Checkpoint(str(model_dir / "checkpoint")).all()
+    open(os.path.join(newest, run_dir.Checkpoint.WEIGHTS), "wb").close()  # epoch 2's: model.keras holds it too
+    model, _, source = serving.load_source(str(model_dir))
+    assert source.endswith("model.keras") and "is newer than the newest readable checkpoint" in capsys.readouterr().err
+    assert same_weights(model, keras.models.load_model(model_dir / "model.keras"))
+    open(os.path.join(older, run_dir.Checkpoint.WEIGHTS), "wb").close()
     model, preprocessing, source = serving.load_source(str(model_dir))
     assert source.endswith("model.keras") and preprocessing == "standardize"
     assert "no readable checkpoint" in capsys.readouterr().err

@@ -369,6 +369,22 @@ def test_a_result_line_cut_by_a_kill_is_dropped_and_its_run_runs_again(tmp_path,
     assert [json.loads(line)["log2_lr"] for line in log.read_text().splitlines()] == [-8, -7, -6]
 
 
+def test_a_log_without_its_final_newline_keeps_every_record(tmp_path, monkeypatch):
+    """A runs.jsonl whose last record lost its newline (edited by hand) is
+    whole: the next record starts on a line of its own (glued on, both were
+    read as one torn line and cut, and two runs trained again)."""
+    calls = []
+    fake_training(monkeypatch, fake_train(calls))
+    args = ["--depths=10", "--methods=skipinit", "--seeds=1", "--best_k=1", f"--out={tmp_path}"]
+    sweep.main([*args, "--log2_lrs=-8,-7"])
+    log = tmp_path / "runs.jsonl"
+    log.write_text(log.read_text().rstrip("\n"))
+    calls.clear()
+    sweep.main([*args, "--log2_lrs=-8,-7,-6"])
+    assert [round(math.log2(lr)) for _, lr, _, _ in calls] == [-6]
+    assert [json.loads(line)["log2_lr"] for line in log.read_text().splitlines()] == [-8, -7, -6]
+
+
 WHOLE = json.dumps({"method": "skipinit", "depth": 10, "lr": 0.1, "seed": 0, "status": "completed", "test_top1": 0.5})
 
 

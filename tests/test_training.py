@@ -467,8 +467,12 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
     history.csv (every epoch, training metrics over the whole epoch) and
     train_cross_entropy are the uninterrupted run's, and its wall time adds
     up both processes (the old checkpoint kept neither the epoch's metrics
-    nor the time). No checkpoint is taken at an epoch's last step."""
-    kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="cifar", learning_rate=0.05)
+    nor the time). No checkpoint is taken at an epoch's last step. With
+    dropout (regularized SkipInit): its masks are random draws, and the
+    resumed run draws the uninterrupted run's (they differed before the
+    checkpoints held the random state: weights 0.1 apart)."""
+    kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="cifar", learning_rate=0.05,
+                  normalization="regularized_skipinit")
     straight = training.train(small_config(tmp_path / "straight", **kwargs))
     expected = run_dir.read_history(str(tmp_path / "straight" / "run"))
     straight_weights = final_weights(tmp_path / "straight" / "run")

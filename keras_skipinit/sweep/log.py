@@ -71,10 +71,14 @@ def load(path, repair=False):
 
 def append(path, record):
     """One whole line per record: a single write, flushed to disk before the
-    writer moves on (a kill leaves at most an incomplete last line)."""
+    writer moves on (a kill leaves at most an incomplete last line). It
+    starts on a line of its own, also after a file whose last record has no
+    newline (edited by hand): glued onto it, both would read as one torn line."""
     from keras_skipinit import files
 
-    with open(path, "ab") as f:
-        f.write((json.dumps(files.strict_json(record)) + "\n").encode())
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        fresh = f.tell() == 0 or (f.seek(-1, os.SEEK_END), f.read(1))[1] == b"\n"
+        f.write((("" if fresh else "\n") + json.dumps(files.strict_json(record)) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
