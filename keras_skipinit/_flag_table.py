@@ -21,6 +21,7 @@ and still wait for the import.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,7 +45,9 @@ def check(spec):
     """(predicate, message) of a check spec: ["positive"] or ["float_or", names]."""
     kind, *args = spec
     if kind == "positive":
-        return (lambda v: v is None or v > 0), "must be > 0"
+        return (lambda v: v is None or (v > 0 and math.isfinite(v))), "must be a finite number > 0"
+    if kind == "finite":
+        return (lambda v: v is None or math.isfinite(v)), "must be a finite number"
     if kind == "float_or":
         names = args[0]
 
@@ -52,11 +55,10 @@ def check(spec):
             if v is None or v in names:
                 return True
             try:
-                float(v)
+                return math.isfinite(float(v))
             except ValueError:
                 return False
-            return True
-        return float_or, f"must be a float or one of {sorted(names)}"
+        return float_or, f"must be a finite float or one of {sorted(names)}"
     raise ValueError(f"unknown flag check {kind!r}")
 
 

@@ -220,27 +220,35 @@ def _check_classification(builder):
 
 
 def _random_access(builder, test_split):
-    """On backends other than TensorFlow: the train and test splits of a TFDS
-    dataset prepared in a random-access format (array_record), read through
-    `tfds.data_source` (no TensorFlow; its images decoded by PIL), or None
-    where tf.data reads it (TensorFlow installed). Images up to 64 px: whole
-    splits in memory, as (images, labels) arrays; ImageNet-style datasets
-    where TensorFlow is not installed: `numpy_data.Records`, read per batch
-    (where it is, tf.data decodes them in parallel). Preparing a dataset
-    needs TensorFlow (TFDS encodes its images with it): once, anywhere."""
+    """The train and test splits of a TFDS dataset prepared in a random-access
+    format (array_record), read through `tfds.data_source` (no TensorFlow;
+    its images decoded by PIL), or None where tf.data reads it. On backends
+    other than TensorFlow: images up to 64 px, whole splits in memory, as
+    (images, labels) arrays; ImageNet-style datasets where TensorFlow is not
+    installed: `numpy_data.Records`, read per batch (where it is, tf.data
+    decodes them in parallel). On TensorFlow: tf.data reads tfrecord, and a
+    small dataset prepared as array_record only is read whole here (an
+    ImageNet-style one is refused in one line). Preparing a dataset needs
+    TensorFlow (TFDS encodes its images with it): once, anywhere."""
     name, info = builder.name, builder.info
-    if keras.backend.backend() == "tensorflow":
-        return None
-    with_tf = _startup.installed("tensorflow")
-    shape = tuple(info.features["image"].shape)
-    whole = preprocessing.for_images(shape) == preprocessing.STANDARDIZE
-    if not whole and with_tf:
-        return None
     from tensorflow_datasets.core import file_adapters
 
     formats = info.available_file_formats() if builder.is_prepared() else set()
-    if not formats & set(file_adapters.FileFormat.with_random_access()):
-        if with_tf:
+    random_access = formats & set(file_adapters.FileFormat.with_random_access())
+    shape = tuple(info.features["image"].shape)
+    whole = preprocessing.for_images(shape) == preprocessing.STANDARDIZE
+    if keras.backend.backend() == "tensorflow":  # tf.data reads what TFDS can stream (tfrecord) ...
+        if not random_access or formats - random_access:
+            return None
+        if not whole:  # ... and small datasets prepared as array_record only, whole, through data_source
+            raise ValueError(
+                f"dataset {name!r} is prepared as array_record only in {builder.data_dir_root} (for JAX without "
+                "TensorFlow); TensorFlow's tf.data reads ImageNet-style datasets from tfrecord: prepare it so in "
+                f"another --data_dir (`tfds build {name} --data_dir=DIR`), or train on JAX (KERAS_BACKEND=jax)")
+    elif not whole and _startup.installed("tensorflow"):
+        return None
+    if not random_access:
+        if _startup.installed("tensorflow"):
             return None
         found = f"prepared as {', '.join(sorted(f.value for f in formats))}" if formats else "not prepared"
         raise ValueError(
@@ -321,6 +329,19 @@ def mixup(images, labels, key, alpha):
     return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
 
 
+MAX_PASSES = 10_000  # over the training set in one epoch (--steps_per_epoch): tf.data builds a pipeline per pass
+
+
+def check_passes(dataset, batch_size, num_batches):
+    """Refuses an epoch of `num_batches` batches that repeats the training
+    data more than MAX_PASSES times (a typing error; longer runs take more
+    --epochs), before a pipeline of that many passes is built."""
+    if num_batches is not None and num_batches * batch_size > MAX_PASSES * dataset.num_train:
+        raise ValueError(f"--steps_per_epoch={num_batches} of batches of {batch_size} repeats the "
+                         f"{dataset.num_train} training examples over {MAX_PASSES:,} times in one epoch: "
+                         "give more --epochs instead")
+
+
 def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_batches=0, num_batches=None):
     """Batched, augmented, one-hot training data for one `epoch`.
 
@@ -350,7 +371,7 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
         return order.map(lambda index, example: (index + p * dataset.num_train, example))
 
     ds = one_pass(0)
-    for p in range(1, passes):
+    for p in range(1, passes):  # at most MAX_PASSES (`check_passes`)
         ds = ds.concatenate(one_pass(p))
 
     def prep(index, example):

@@ -169,6 +169,9 @@ def _export_file(model, preprocessing, source, labels):
     from keras_skipinit import data as data_lib
 
     dataset = _data()
+    if dataset.num_classes != model.output_shape[-1]:
+        raise ValueError(f"{dataset.name} has {dataset.num_classes} classes, the model {model.output_shape[-1]}: "
+                         "pass --dataset with the model's classes for the check images")
     images, answers = data_lib.sample_images(dataset, "eval", F.check_images, preprocessing)
     deploy.check_images_fit(model, images, dataset.name)
     calibration = None

@@ -212,7 +212,10 @@ def check_method(normalization, *, preactivation=True, names=None, **options):
             raise ValueError(f"{names.get(option, option)} applies only to normalization={owners}, "
                              f"got normalization={normalization!r}.")
         if value is not None:  # its value too, before any work (its default may depend on the architecture)
-            OPTIONS[option].resolve(value, _ANY_ARCHITECTURE)
+            try:
+                OPTIONS[option].resolve(value, _ANY_ARCHITECTURE)
+            except ValueError as e:  # named as the caller names it (--ghost_batch_size, not virtual_batch_size)
+                raise ValueError(str(e).replace(option, names.get(option, option), 1)) from None
     if METHODS[normalization].preactivation_only and not preactivation:
         raise ValueError(
             f"normalization={normalization!r} needs pre-activation blocks: use ResNet-V2 or WideResNet, "

@@ -24,6 +24,7 @@ distribution, not the same bits.
 
 import gzip
 import os
+import zlib
 
 import numpy as np
 
@@ -37,17 +38,26 @@ LABEL_NAMES = {
 }
 
 
+def _gunzip(path):
+    """A gzipped file's bytes; a missing, unreadable, truncated or corrupt
+    one is a one-line ValueError naming it (a read error, not a write error)."""
+    try:
+        with gzip.open(path) as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"cannot read {path} ({type(e).__name__}: {e}): a missing, truncated or corrupt file; "
+                         "get the dataset's original files again") from None
+
+
 def idx_images(directory, split):
     """(images uint8 (N, 28, 28, 1), labels int64 (N,)) of MNIST-format files
     ('train' or 't10k' split, gzipped IDX, as Fashion-MNIST ships them)."""
-    with gzip.open(os.path.join(directory, f"{split}-images-idx3-ubyte.gz")) as f:
-        raw = f.read()
+    raw = _gunzip(os.path.join(directory, f"{split}-images-idx3-ubyte.gz"))
     count, rows, cols = (int.from_bytes(raw[i:i + 4], "big") for i in (4, 8, 12))
     if int.from_bytes(raw[:4], "big") != 0x803 or len(raw) != 16 + count * rows * cols:
         raise ValueError(f"{directory}/{split}-images-idx3-ubyte.gz is not an IDX image file")
     images = np.frombuffer(raw, np.uint8, offset=16).reshape(count, rows, cols, 1)
-    with gzip.open(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz")) as f:
-        raw = f.read()
+    raw = _gunzip(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz"))
     if int.from_bytes(raw[:4], "big") != 0x801 or len(raw) != 8 + count:
         raise ValueError(f"{directory}/{split}-labels-idx1-ubyte.gz is not an IDX label file for {count} images")
     return images, np.frombuffer(raw, np.uint8, offset=8).astype(np.int64)
@@ -101,16 +111,37 @@ def random_resized_crop(image, rng, size, flip):
     return out[:, ::-1] if flip and rng.random() < 0.5 else out
 
 
-def epoch_order(num_examples, batch_size, epoch, seed=0, num_batches=None):
-    """Example indices of an epoch's batches, (batches, batch_size): one pass
-    in a seeded order (the last partial batch dropped), or exactly
-    `num_batches` batches over as many passes as they need, each pass in a
-    new order."""
-    batches = num_examples // batch_size if num_batches is None else num_batches
-    passes = max(1, -(-batches * batch_size // num_examples))
-    order = np.concatenate([np.random.default_rng([seed, epoch, p]).permutation(num_examples)
-                            for p in range(passes)])
-    return order[: batches * batch_size].reshape(batches, batch_size)
+class EpochOrder:
+    """Example indices of an epoch's batches: one pass in a seeded order (the
+    last partial batch dropped), or exactly `num_batches` batches over as
+    many passes as they need, each pass in a new order. `order[step]` is the
+    batch's indices, made when asked (one pass's permutation at a time), so
+    an epoch of any length costs the memory of one pass."""
+
+    def __init__(self, num_examples, batch_size, epoch, seed=0, num_batches=None):
+        self.num_examples, self.batch_size, self.epoch, self.seed = num_examples, batch_size, epoch, seed
+        self.batches = num_examples // batch_size if num_batches is None else num_batches
+        self._pass = (None, None)
+
+    def __len__(self):
+        return self.batches
+
+    def _permutation(self, p):
+        if self._pass[0] != p:
+            self._pass = (p, np.random.default_rng([self.seed, self.epoch, p]).permutation(self.num_examples))
+        return self._pass[1]
+
+    def __getitem__(self, step):
+        if not 0 <= step < self.batches:
+            raise IndexError(step)
+        n, start = self.num_examples, step * self.batch_size
+        stop = start + self.batch_size
+        return np.concatenate([self._permutation(p)[max(start - p * n, 0):min(stop - p * n, n)]
+                               for p in range(start // n, (stop - 1) // n + 1)])
+
+    def array(self):
+        """The whole order, (batches, batch_size)."""
+        return np.stack([self[i] for i in range(self.batches)])
 
 
 def augment(images, rngs, flip, prep=preprocessing.STANDARDIZE):
@@ -146,7 +177,7 @@ def mixup(images, labels, rng, alpha):
 
 def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=True, mixup_alpha=0.0,
                 prep=preprocessing.STANDARDIZE):
-    """Batch `step` of an epoch whose `epoch_order` is `order`: (float32
+    """Batch `step` of an epoch whose `EpochOrder` is `order`: (float32
     images, float32 one-hot labels), a function of (seed, epoch, step) only.
     `images`, `labels`: arrays, or `Records` and None."""
     index = order[step]
@@ -226,7 +257,7 @@ def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=T
     `keras.utils.PyDataset` that `fit` takes on every backend. `shard`:
     (index, count) of this process among JAX's; it gets its part of each
     global batch (`_part`), mixup included."""
-    order = epoch_order(len(images), batch_size, epoch, seed, num_batches)
+    order = EpochOrder(len(images), batch_size, epoch, seed, num_batches)
     return _batches(len(order) - skip_batches, lambda i: _part(
         train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha, prep),
         shard), workers=_workers(labels))

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 
 import keras
 import numpy as np
@@ -191,17 +192,18 @@ def _swap_in(tmp, path, overwrite):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_target(base_path, model_name):
+def check_target(base_path, model_name, flag="--base_path"):
     """Validates where an export goes, before any work: `model_name` is one
-    safe path component under `base_path`, which is a directory or absent."""
+    safe path component under `base_path` (named `flag` in messages), which
+    is a directory or absent."""
     if not isinstance(model_name, str) or not MODEL_NAME.fullmatch(model_name):
         raise ValueError(
             "model_name must be one path component of letters, digits, '_', '-' and '.', not starting with '.' "
             f"or '-', got {model_name!r}."
         )
     if not base_path:
-        raise ValueError("base_path must name a directory, got an empty one")
-    run_dir.check_writable(base_path, "base_path")
+        raise ValueError(f"{flag} must name a directory, got an empty one")
+    run_dir.check_writable(base_path, flag)
 
 
 def model_name_for(path):
@@ -209,7 +211,9 @@ def model_name_for(path):
     than letters, digits, '_', '-', '.' become '_' ('wrn16_lr=0.05' ->
     'wrn16_lr_0.05')."""
     base = os.path.basename(os.path.normpath(path))
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.splitext(base)[0] if base.endswith(".keras") else base)
+    base = os.path.splitext(base)[0] if base.endswith(".keras") else base
+    base = unicodedata.normalize("NFKD", base).encode("ascii", "ignore").decode()  # 'ünï2' -> 'uni2', not '_n_2'
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", base)
     return name if MODEL_NAME.fullmatch(name) else "model"
 
 

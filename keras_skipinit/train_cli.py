@@ -44,7 +44,8 @@ flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResN
 flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
 for _name, _option in normalization.OPTIONS.items():  # each method's own flags, from its record
     {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}[_option.type](
-        _option.flag, None, f"For --normalization={'/'.join(normalization.methods_taking(_name))}: {_option.doc}.")
+        _option.flag, None, f"For --normalization={'/'.join(normalization.methods_taking(_name))}: {_option.doc}.",
+        **({"lower_bound": 1} if _option.type is int else {}))
 flags.DEFINE_bool(
     "lsuv", False,
     "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training batch, for networks "
@@ -62,7 +63,8 @@ flags.DEFINE_enum("shortcut", None, list(cifar_resnet.SHORTCUTS),
 flags.DEFINE_enum("stem_init", None, list(cifar_resnet.STEM_INITS),
                   "--model=cifar_resnet: initialization of the stem conv: he_normal (default) or pytorch_default "
                   "(U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).")
-flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, else 0).")
+flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, "
+                   "else 0).", lower_bound=0.0, upper_bound=0.99)
 flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>{data.RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated)")
 flags.DEFINE_string("data_dir", None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared there on first use.")
 flags.DEFINE_string(
@@ -85,8 +87,10 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_integer("batch_size", _D.batch_size, "Global batch size per optimizer update.", lower_bound=1)
 flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches accumulated per update (SkipInit §3).", lower_bound=1)
-flags.DEFINE_integer("epochs", _D.epochs, "Training epochs (schedule phases scale with it).", lower_bound=1)
-flags.DEFINE_integer("steps_per_epoch", None, "Updates per epoch (default: a full pass over the training set).", lower_bound=1)
+flags.DEFINE_integer("epochs", _D.epochs, "Training epochs (schedule phases scale with it).", lower_bound=1,
+                     upper_bound=training.MAX_EPOCHS)
+flags.DEFINE_integer("steps_per_epoch", None, "Updates per epoch (default: a full pass over the training set).",
+                     lower_bound=1, upper_bound=training.MAX_STEPS_PER_EPOCH)
 flags.DEFINE_float("learning_rate", _D.learning_rate, "Base learning rate (the papers tune it on a 2^-10..2^2 grid).")
 flags.DEFINE_enum("schedule", _D.schedule, schedules.SCHEDULES, "cifar: constant half, halve every 5%; imagenet: 5/90 warm-up, 40/90 constant, halve every 5/90.")
 flags.DEFINE_float("momentum", _D.momentum, "Heavy-ball momentum.", lower_bound=0.0, upper_bound=0.999)
@@ -105,7 +109,8 @@ flags.DEFINE_enum(
     "are keras.distribution.DataParallel over all local devices; with KERAS_DISTRIBUTION_NUM_PROCESSES > 1 (and "
     "_PROCESS_ID, _JOB_ADDRESSES) over every device of that many processes, process 0 writing model_dir.",
 )
-flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).")
+flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).", lower_bound=0,
+                     upper_bound=training.MAX_SEED)
 flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")
 flags.DEFINE_string(
     "export_dir", None,
@@ -121,6 +126,8 @@ flags.DEFINE_integer("verbose", None, "Keras verbosity: 0 silent, 1 progress bar
 # Keras loads too (keras_skipinit._flag_table).
 FLAG_CHECKS = {"learning_rate": ("positive",), "scalar_lr_multiplier": ("positive",),
                "alpha_init": ("float_or", sorted(normalization.ALPHA_INIT_NAMES))}
+FLAG_CHECKS.update({flag.name: ("finite",) for flag in F.get_flags_for_module(sys.modules[__name__])
+                    if flag.flag_type() == "float" and flag.name not in FLAG_CHECKS})  # NaN passes every bound
 _flag_table.register_checks(FLAG_CHECKS)
 
 
@@ -150,6 +157,10 @@ def main(argv):
         print(f"{_cli.program('train.py')}: error: cannot write the run: {files.one_line(e)}. Nothing half-written "
               "is kept; run the same command to resume from its last checkpoint once it can write", file=sys.stderr)
         return 5
+    if results["status"] == "interrupted" and not results.get("checkpointed", True):
+        print(f"{_cli.program('train.py')}: interrupted before the first step (nothing trained, no checkpoint); "
+              "run the same command to start", file=sys.stderr)
+        return 128 + results["signal"]
     if results["status"] == "interrupted":
         print(f"{_cli.program('train.py')}: interrupted at epoch {results['epoch']}, step {results['step_in_epoch']} "
               f"of {results['steps_per_epoch']} (checkpoint saved); run the same command to resume", file=sys.stderr)
@@ -168,7 +179,15 @@ def main(argv):
         f"epoch{'' if results['epochs_completed'] == 1 else 's'}, {results['wall_time_s']:.0f} s). "
         f"Results: {results_path}"
     )
+    if results.get("signal"):  # Ctrl-C in the last step or evaluation: the run completed, nothing more is done
+        print(f"{_cli.program('train.py')}: interrupted as the run completed; its results are kept"
+              + (", --export_dir not written" if export_name else ""), file=sys.stderr)
+        return 128 + results["signal"]
     if export_name is None:
+        return 0
+    done = results.get("export_path") if results.get("already_complete") else None
+    if done and os.path.isdir(done) and os.path.dirname(os.path.normpath(done)) == os.path.join(F.export_dir, export_name):
+        print(f"Already exported to {done}")  # a rerun of a finished run: no new version of the same weights
         return 0
     return _export(config, export_name, results_path)
 
@@ -183,7 +202,7 @@ def _check_export(config):
     from keras_skipinit import serving
 
     name = serving.model_name_for(config.model_dir)
-    serving.check_target(F.export_dir, name)
+    serving.check_target(F.export_dir, name, "--export_dir")
     return name
 
 

@@ -37,6 +37,8 @@ from keras_skipinit import normalization as norm_lib
 from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = applications.MODELS  # train.py --model
+# Upper bounds of the counts (train.py's flags take them): beyond them a run is a typing error, not a plan.
+MAX_EPOCHS, MAX_STEPS_PER_EPOCH, MAX_SEED = 10**6, 10**9, 2**32 - 1
 PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 STRATEGIES = distribute.STRATEGIES
 
@@ -99,18 +101,26 @@ def validate(config):
         raise ValueError(f"mixed_precision must be one of {tuple(PRECISIONS)}, got {c.mixed_precision!r}")
     if c.strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {c.strategy!r}")
-    positive = {"batch_size": c.batch_size, "accumulation_steps": c.accumulation_steps, "epochs": c.epochs}
-    for name, value in positive.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not (c.learning_rate > 0 and math.isfinite(c.learning_rate)):
+    counts = {"batch_size": (c.batch_size, 1, None), "accumulation_steps": (c.accumulation_steps, 1, None),
+              "epochs": (c.epochs, 1, MAX_EPOCHS), "steps_per_epoch": (c.steps_per_epoch, 1, MAX_STEPS_PER_EPOCH),
+              "seed": (c.seed, 0, MAX_SEED), "checkpoint_steps": (c.checkpoint_steps, 0, None)}
+    for name, (value, low, high) in counts.items():
+        if value is None and name == "steps_per_epoch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+            raise ValueError(f"{name} must be an integer from {low} to {high or 'any size'}, got {value!r}")
+    for field in dataclasses.fields(c):  # NaN passes every comparison below: refused here by name
+        value = getattr(c, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{field.name} must be a finite number, got {value}")
+    if not c.learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {c.learning_rate}")
     if not 0 <= c.momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
     if c.l2 < 0 or c.mixup_alpha < 0 or (c.scalar_lr_multiplier is not None and c.scalar_lr_multiplier <= 0):
         raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
-    if c.steps_per_epoch is not None and c.steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be a positive integer, got {c.steps_per_epoch}")
+    if c.dropout is not None and not 0 <= c.dropout < 1:
+        raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
     if c.lsuv and norm_lib.METHODS[c.normalization].normalizes:
         raise ValueError(f"lsuv initializes networks without normalization, not normalization={c.normalization}")
     if c.batch_size % c.accumulation_steps:
@@ -278,6 +288,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     if config.batch_size > dataset.num_train:  # also with --steps_per_epoch (it repeats the data, not the batch)
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
+    data_lib.check_passes(dataset, config.batch_size, config.steps_per_epoch)
     micro_steps = steps_per_epoch * config.accumulation_steps
 
     note = build_note(config)
@@ -291,8 +302,6 @@ def _train(config, strategy, out_dir, start, interrupt):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
-        backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, dataset), dataset,
-                                      distribute.backend())
         checkpoint = run_dir.Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
@@ -303,6 +312,15 @@ def _train(config, strategy, out_dir, start, interrupt):
     # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
     # history.csv is rebuilt from the one resumed from (a kill between a checkpoint and its row loses nothing).
     state = run_dir.Checkpoint.read_state(restored) if restored else {}
+    feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
+    if skip and state.get("feed", feed) != feed:
+        raise ValueError(
+            f"{restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
+            f"{distribute.backend()} here feeds by {feed}, which orders the epoch's examples otherwise, so the "
+            "epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
+            "a checkpoint at an epoch's end resumes on either")
+    backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, dataset), dataset,
+                                  distribute.backend())
     rows = state.get("history")
     if rows is None:  # a checkpoint from before the rows travelled with it, or none
         rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= epoch]
@@ -313,10 +331,18 @@ def _train(config, strategy, out_dir, start, interrupt):
 
     def save(epoch, step, partial_logs=None):
         checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
-                        wall_time_s=earlier_s + time.time() - start)
+                        wall_time_s=earlier_s + time.time() - start, feed=feed)
 
-    if restored and chief:
+    if restored and chief and epoch >= config.epochs:  # killed after its last checkpoint, before results.json
+        print(f"Every epoch was trained ({restored}); evaluating the final weights.", flush=True)
+    elif restored and chief:
         print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
+        earlier = sorted({row["schedule_epochs"] for row in rows if row.get("schedule_epochs", config.epochs)
+                          != config.epochs})
+        if earlier:
+            print(f"Note: continuing a run trained on the {'/'.join(map(str, earlier))}-epoch schedule to "
+                  f"--epochs={config.epochs}: its epochs so far keep that schedule, so this is a continuation, not "
+                  f"a {config.epochs}-epoch run (results.json: schedule_segments).", flush=True)
     eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
@@ -327,7 +353,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     diverged, final_eval = None, None
     while epoch < config.epochs and diverged is None:
         if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved
-            return _interrupted(interrupt, epoch, skip, micro_steps, chief)
+            return _interrupted(interrupt, epoch, skip, micro_steps, chief, checkpointed=bool(restored or epoch))
         if skip < micro_steps:
             monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs,
                                       interrupt)
@@ -358,7 +384,8 @@ def _train(config, strategy, out_dir, start, interrupt):
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
                 logs = {**(partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
         epoch, skip, partial_logs = epoch + 1, 0, None
-        rows.append({"epoch": epoch, "lr": float(model.optimizer.learning_rate), **logs})
+        rows.append({"epoch": epoch, "lr": float(model.optimizer.learning_rate), "schedule_epochs": config.epochs,
+                     **logs})
         save(epoch, 0)
         run_dir.write_history(out_dir, rows)
         # The validation at the end of the last epoch saw the final weights.
@@ -379,6 +406,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     results = run_dir.results_record(
         dataclasses.asdict(config), dataset, metrics, diverged,
         train_cross_entropy=rows[-1].get("cross_entropy") if rows and not diverged else None,
+        schedule_segments=schedule_segments(rows),
         final_lr=float(model.optimizer.learning_rate),  # evaluates the schedule at the current step
         epochs_completed=epoch, replicas=replicas, workers=distribute.num_workers(strategy), chief=chief,
         wall_time_s=earlier_s + time.time() - start,  # every process of the run, up to its checkpoint
@@ -387,14 +415,35 @@ def _train(config, strategy, out_dir, start, interrupt):
     if not diverged:
         run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), dataset.preprocessing)
     files.write_json(os.path.join(out_dir, run_dir.RESULTS), results)
+    if interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
+        return {**results, "signal": interrupt.signal}
     return results
 
 
-def _interrupted(interrupt, epoch, step, steps, chief):
+def schedule_segments(rows):
+    """The schedules a run's epochs were trained on, as segments
+    [{"first_epoch", "last_epoch", "schedule_epochs"}]: one for a run
+    trained straight; more for a run continued with a higher --epochs, whose
+    earlier epochs keep the shorter schedule. None where a row predates the
+    record (history from an earlier version)."""
+    segments = []
+    for row in rows:
+        if "schedule_epochs" not in row:
+            return None
+        if segments and segments[-1]["schedule_epochs"] == row["schedule_epochs"]:
+            segments[-1]["last_epoch"] = row["epoch"]
+        else:
+            segments.append({"first_epoch": row["epoch"], "last_epoch": row["epoch"],
+                             "schedule_epochs": row["schedule_epochs"]})
+    return segments
+
+
+def _interrupted(interrupt, epoch, step, steps, chief, checkpointed=True):
     """What `train` returns when stopped by a signal: where it stopped (a
-    checkpoint is there); results.json is not written."""
+    checkpoint is there, unless the signal came before the first step of a
+    new run: `checkpointed`); results.json is not written."""
     return {"status": "interrupted", "signal": interrupt.signal, "epoch": epoch + 1, "step_in_epoch": step,
-            "steps_per_epoch": steps, "chief": chief}
+            "steps_per_epoch": steps, "chief": chief, "checkpointed": checkpointed}
 
 
 def _note_ghost_batches(model, batch, chief):

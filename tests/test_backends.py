@@ -338,6 +338,31 @@ def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     assert [row.split(",")[0] for row in history[1:]] == ["1", "2"]
     assert int(keras.models.load_model(tmp_path / "run" / "model.keras").optimizer.iterations) == 6
 
+    # A checkpoint written mid-epoch by tf.data's order is refused on JAX's NumPy feed (its order is
+    # another: the epoch would train some examples twice), in one line, before any step.
+    from keras_skipinit import run_dir, training
+
+    class Killed(Exception):
+        pass
+
+    save = run_dir.Checkpoint.save
+
+    def killed_mid_epoch(self, model, epoch, step, **state):
+        save(self, model, epoch, step, **state)
+        raise Killed
+
+    run_dir.Checkpoint.save = killed_mid_epoch
+    try:
+        with pytest.raises(Killed):
+            training.train(training.Config(depth=10, width=1, steps_per_epoch=3, checkpoint_steps=1, epochs=1,
+                                           verbose=0, model_dir=str(tmp_path / "mid")))
+    finally:
+        run_dir.Checkpoint.save = save
+    third = run_jax([*flags[:-1], "--epochs=1", "--checkpoint_steps=1", f"--model_dir={tmp_path}/mid"], timeout=600)
+    assert third.returncode == 2, third.stderr[-3000:]
+    (line,) = [line for line in third.stderr.splitlines() if "error:" in line]
+    assert "written mid-epoch by a run fed by tf.data" in line and "Resume it on the backend that wrote it" in line
+
 
 @pytest.mark.heavy
 def test_a_process_whose_coordinator_never_comes_says_so_and_stops_in_time(tmp_path):

@@ -227,6 +227,7 @@ def test_model_names_must_be_one_safe_path_component(name, tmp_path):
         serving.check_target(str(tmp_path), name)
     assert serving.model_name_for("runs/wrn16_lr=0.05/") == "wrn16_lr_0.05"
     assert serving.model_name_for("models/wrn.keras") == "wrn"
+    assert serving.model_name_for("runs/ünï2") == "uni2"  # not '_n_2', which 'ênê2' also became
 
 
 def test_empty_batches_give_empty_outputs(exported):

@@ -3,6 +3,7 @@ of (seed, epoch, step), the augmentation is the paper's, evaluation pads with
 weight-0 copies, and Fashion-MNIST's original files read as TFDS reads them."""
 
 import numpy as np
+import pytest
 
 from conftest import require_fashion_mnist
 from keras_skipinit import digits, numpy_data, preprocessing
@@ -11,12 +12,15 @@ from keras_skipinit import digits, numpy_data, preprocessing
 def test_a_batch_is_a_function_of_seed_epoch_and_step_and_each_pass_sees_every_example_once():
     images, labels = digits.load()
     images, labels = images[:50], labels[:50]
-    order = numpy_data.epoch_order(50, 8, epoch=3, seed=1)
+    order = numpy_data.EpochOrder(50, 8, epoch=3, seed=1).array()
     assert order.shape == (6, 8) and len(set(order.ravel())) == 48  # one pass, the partial batch dropped
-    long = numpy_data.epoch_order(50, 8, epoch=3, seed=1, num_batches=13)  # 104 examples: three passes
+    long = numpy_data.EpochOrder(50, 8, epoch=3, seed=1, num_batches=13).array()  # 104 examples: three passes
     assert np.array_equal(long[:6], order)  # a plain epoch is the first pass
     assert sorted(long.ravel()[50:100]) == list(range(50))  # the second pass: every example once
-    assert not np.array_equal(numpy_data.epoch_order(50, 8, epoch=4, seed=1), order)
+    assert not np.array_equal(numpy_data.EpochOrder(50, 8, epoch=4, seed=1).array(), order)
+    # An epoch of any length costs one pass's memory: its order is made per batch.
+    endless = numpy_data.EpochOrder(50, 8, epoch=3, seed=1, num_batches=10**13)
+    assert len(endless) == 10**13 and len(endless[10**13 - 1]) == 8
     # Resuming at step k gives what the uninterrupted epoch gave at k: nothing else is state.
     whole = numpy_data.train_batches(images, labels, 10, 8, epoch=3, seed=1, flip=True, mixup_alpha=0.4)
     resumed = numpy_data.train_batches(images, labels, 10, 8, epoch=3, seed=1, flip=True, mixup_alpha=0.4,
@@ -70,6 +74,28 @@ def test_fashion_mnist_files_read_as_their_format_says():
     assert train.shape == (60000, 28, 28, 1) and test.shape == (10000, 28, 28, 1) and train.dtype == np.uint8
     assert np.bincount(train_labels).tolist() == [6000] * 10 and np.bincount(test_labels).tolist() == [1000] * 10
     assert 70 < train.mean() < 80  # Fashion-MNIST's mean pixel is 72.9 (digits: 33)
+
+
+def test_missing_truncated_or_corrupt_idx_files_are_one_read_error_naming_the_file(tmp_path):
+    """A truncated .gz was an EOFError traceback, and a missing file (an
+    empty --manual_dir) an OSError that train.py reported as a full disk."""
+    import gzip
+
+    images, labels = digits.load()
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write((0x803).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in (100, 28, 28))
+                + images[:100].tobytes())
+    with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as f:
+        f.write((0x801).to_bytes(4, "big") + (100).to_bytes(4, "big") + labels[:100].astype(np.uint8).tobytes())
+    read, _ = numpy_data.idx_images(str(tmp_path), "train")
+    np.testing.assert_array_equal(read, images[:100])
+    whole = (tmp_path / "train-images-idx3-ubyte.gz").read_bytes()
+    for damaged in (whole[: len(whole) // 2], b"not gzip at all"):
+        (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(damaged)
+        with pytest.raises(ValueError, match="cannot read .*train-images-idx3-ubyte.gz .*truncated or corrupt"):
+            numpy_data.idx_images(str(tmp_path), "train")
+    with pytest.raises(ValueError, match="cannot read .*t10k-images-idx3-ubyte.gz .*FileNotFoundError"):
+        numpy_data.idx_images(str(tmp_path), "t10k")
 
 
 class _Source:

@@ -168,10 +168,10 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
     class Killed(Exception):
         pass
 
-    def killed(self, model):
+    def killed(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(run_dir.Checkpoint, "restore", killed)  # killed once its model_spec.json is written
+    monkeypatch.setattr(training.data_lib, "eval_pipeline", killed)  # killed once its model_spec.json is written
     with pytest.raises(Killed):
         training.train(config)
     monkeypatch.undo()
@@ -184,12 +184,20 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
 
 
 @pytest.mark.heavy
-def test_raising_epochs_continues_and_restart_starts_over(tmp_path):
+def test_raising_epochs_continues_and_restart_starts_over(tmp_path, capsys):
+    """A continuation says what it is: its first epochs keep the shorter
+    run's schedule (results.json's schedule_segments, history.csv's
+    schedule_epochs), not the schedule of a run of the longer length."""
     model_dir = str(tmp_path / "run")
     base = dict(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=model_dir)
-    training.train(training.Config(**base))
+    straight = training.train(training.Config(**base))
+    assert straight["schedule_segments"] == [{"first_epoch": 1, "last_epoch": 1, "schedule_epochs": 1}]
     more = training.train(training.Config(**{**base, "epochs": 2}))
     assert more["epochs_completed"] == 2 and "already_complete" not in more
+    assert more["schedule_segments"] == [{"first_epoch": 1, "last_epoch": 1, "schedule_epochs": 1},
+                                         {"first_epoch": 2, "last_epoch": 2, "schedule_epochs": 2}]
+    assert [row["schedule_epochs"] for row in run_dir.read_history(model_dir)] == [1, 2]
+    assert "continuation, not a 2-epoch run" in capsys.readouterr().out
     with pytest.raises(ValueError, match="below the 2 epochs already trained"):
         training.train(training.Config(**base))
     fresh = training.train(training.Config(**{**base, "learning_rate": 0.02, "restart": True}))
@@ -239,6 +247,8 @@ def test_unwritable_model_and_export_dirs_are_refused_before_anything_is_made(tm
         training.validate(training.Config(model_dir=f"{readonly}/a/run"))
     with pytest.raises(ValueError, match="base_path=.* is not writable"):
         serving.check_target(f"{readonly}/serving", "m")
+    with pytest.raises(ValueError, match="^--export_dir=.* is not writable"):  # train.py's flag, named as such
+        serving.check_target(f"{readonly}/serving", "m", "--export_dir")
     assert os.listdir(readonly) == []
 
 
@@ -274,6 +284,9 @@ def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
     exported = tmp_path / "serving" / "wrn10_lr_0.05" / "1"
     assert (exported / "saved_model.pb").exists()
     assert json.loads((model_dir / "results.json").read_text())["export_path"] == str(exported)
+    # The same command again: the run is complete and exported; no second version of the same weights.
+    assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 0
+    assert os.listdir(tmp_path / "serving" / "wrn10_lr_0.05") == ["1"]
 
 
 @pytest.mark.heavy

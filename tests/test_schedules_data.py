@@ -149,7 +149,7 @@ def test_mean_std_preprocessing_normalizes_by_the_datasets_statistics_in_every_f
     padded = np.pad(want, ((0, 0), (4, 4), (4, 4), (0, 0)))
     out = prep.train(tf.constant(images[0]), data._element_seed(0, 0, 3), flip=False).numpy()
     assert _crop_of(out, padded[0], 28)
-    order = numpy_data.epoch_order(4, 4, epoch=0)
+    order = numpy_data.EpochOrder(4, 4, epoch=0)
     fed, _ = numpy_data.train_batch(images, np.arange(4), 10, order, 0, 0, flip=False, prep=prep.name)
     assert all(_crop_of(x, padded[i], 28) for x, i in zip(fed, order[0]))
 

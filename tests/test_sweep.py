@@ -254,6 +254,24 @@ def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_
     assert not (tmp_path / "runs.jsonl").exists() or (tmp_path / "runs.jsonl").read_text() == ""
 
 
+def test_a_signal_as_a_run_completes_records_it_and_stops_the_sweep(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in a run's last step or final evaluation: the run completes
+    (train returns its results with the signal), is recorded, and the sweep
+    stops there with exit 130 (it went on to the next run, exit 0)."""
+    calls = []
+
+    def train(config):
+        return {**fake_train(calls)(config), "signal": 2}
+
+    fake_training(monkeypatch, train)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--depths=10", "--methods=skipinit", "--lrs=0.1,0.05", "--seeds=1", "--best_k=1", f"--out={tmp_path}"])
+    assert exit_info.value.code == 130 and len(calls) == 1
+    assert "recorded: it had completed" in capsys.readouterr().err
+    (line,) = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert "signal" not in json.loads(line)["results"]
+
+
 def test_quantization_report_without_a_log_is_one_line_and_writes_nothing(tmp_path, capsys):
     """Issue 46.5: --report_only on a missing --out was a FileNotFoundError; on an --out without
     quantization.jsonl it wrote an empty table and exited 0."""
@@ -332,11 +350,28 @@ def test_a_method_the_model_refuses_stops_the_sweep_before_any_run(tmp_path, cap
     assert not (tmp_path / "runs.jsonl").exists()
 
 
-def test_cli_rejects_bad_settings(tmp_path):
-    for bad in (["--methods=layernorm"], ["--seeds=2", "--best_k=3"], ["--lrs=0.1", "--extend_grid"],
-                ["--executor=ray", "--cpus_per_run=0"], ["--executor=ray", "--max_retries=-1"]):
-        with pytest.raises(SystemExit):
-            sweep.main([*bad, f"--out={tmp_path}"])
+def test_cli_rejects_bad_settings(tmp_path, monkeypatch, capsys):
+    """One line, exit 2, before any run or file: rates past any grid (2^5000 overflowed; 2^-5000 was 0, a
+    math domain error with --extend_grid), a grid with one bad rate (its first rate trained first), NaN
+    where it would pass every comparison (--chance=nan: no run ever failed), a --beside summary of
+    another shape (an AttributeError) or in a missing folder (its message wrapped twice)."""
+    calls = []
+    fake_training(monkeypatch, fake_train(calls))
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "summary.json").write_text('{"settings": 5, "cells": {}}')
+    cases = [(["--methods=layernorm"], "unknown"), (["--seeds=2", "--best_k=3"], "best_k"),
+             (["--lrs=0.1", "--extend_grid"], "log2 grid"), (["--executor=ray", "--cpus_per_run=0"], "cpus_per_run"),
+             (["--executor=ray", "--max_retries=-1"], "max_retries"), (["--log2_lrs=5000"], "-30..30"),
+             (["--log2_lrs=-5000", "--extend_grid"], "-30..30"), (["--lrs=nan", "--extend_grid"], "finite"),
+             (["--lrs=0.05,-1"], "--lrs must lie in"), (["--chance=nan"], "finite"), (["--chance=2"], "--chance"),
+             (["--mixup_alpha=inf"], "finite"), ([f"--beside={tmp_path}/odd"], "is not a sweep's summary.json"),
+             ([f"--beside={tmp_path}/missing"], "--beside: cannot read")]
+    for bad, match in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--depths=10", "--methods=skipinit", "--seeds=1", "--best_k=1", *bad, f"--out={tmp_path}/out"])
+        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert exit_info.value.code == 2 and match in line and line.count("cannot read") <= 1, (bad, line)
+    assert calls == [] and not (tmp_path / "out" / "runs.jsonl").exists()
 
 
 @pytest.mark.heavy
@@ -406,6 +441,18 @@ def test_a_result_line_that_is_not_a_torn_write_is_a_one_line_error_and_kept(tmp
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert f"{log}, line {bad}: not a sweep result" in line
         assert log.read_text() == "\n".join(lines) + "\n"
+
+
+def test_two_records_of_one_run_that_disagree_are_a_one_line_error(tmp_path, capsys):
+    """A run recorded twice with other results (lines copied from another
+    log): the later one won silently and changed a best rate."""
+    log = tmp_path / "runs.jsonl"
+    log.write_text("\n".join([WHOLE, WHOLE, WHOLE.replace('"test_top1": 0.5', '"test_top1": 0.7')]) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main([f"--out={tmp_path}", "--report_only"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and "records run skipinit depth 10 lr 0.1 seed 0" in line
+    assert "test_top1 0.5 then 0.7" in line
 
 
 def test_report_only_without_runs_is_a_one_line_error(tmp_path, capsys):

@@ -87,6 +87,12 @@ def test_fixup_scalars_learn_10x_slower_by_default():
         (dict(batch_size=10, accumulation_steps=3), "divisible by accumulation_steps"),
         (dict(ghost_batch_size=16), "ghost_batchnorm"),
         (dict(schedule="cosine"), "schedule must be one of"),
+        # NaN passes every comparison; counts past any plan were tracebacks or hangs (from Python, the sweep)
+        (dict(mixup_alpha=float("nan")), "mixup_alpha must be a finite number"),
+        (dict(normalization="ghost_batchnorm", ghost_batch_size=-3), "ghost_batch_size must be a positive int"),
+        (dict(epochs=10**20), "epochs must be an integer from 1 to 1000000"),
+        (dict(seed=-5), "seed must be an integer from 0 to 4294967295"),
+        (dict(steps_per_epoch=10**9), "repeats the 4000 training examples over 10,000 times"),
     ],
 )
 def test_bad_configs_raise_value_errors(kwargs, match, tmp_path):
@@ -325,7 +331,10 @@ def test_divergence_is_recorded_not_crashed(tmp_path, capsys):
 
 BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), ("--normalization=layernorm", "normalization"),
              ("--alpha_init=half", "alpha_init"), ("--shortcut=C", "shortcut"), ("--epochs=0", "epochs"),
-             ("--no_such_flag=1", "no_such_flag"), ("stray", "unexpected arguments: stray")]  # issue 46.7: usage, exit 1
+             ("--no_such_flag=1", "no_such_flag"), ("stray", "unexpected arguments: stray"),  # issue 46.7: usage, exit 1
+             ("--epochs=99999999999999999999", "in the range [1, 1000000]"), ("--mixup_alpha=nan", "finite"),
+             ("--learning_rate=inf", "finite"), ("--ghost_batch_size=-3", "ghost_batch_size"),
+             ("--seed=-5", "seed"), ("--steps_per_epoch=10000000000000", "steps_per_epoch")]
 
 
 @pytest.mark.heavy
@@ -445,6 +454,43 @@ def test_ctrl_c_checkpoints_the_step_reached_and_says_how_to_resume(tmp_path):
     assert not (model_dir / "results.json").exists()
 
 
+def test_a_signal_in_the_final_evaluation_completes_the_run_and_is_returned(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the last step (its evaluation): the run completes and
+    writes its results, and says the signal came (the sweep then stops, and
+    train.py exits 130 instead of going on to --export_dir)."""
+    from keras_skipinit import callbacks
+
+    end = callbacks.EpochScalars.on_epoch_end
+
+    def interrupted_here(self, epoch, logs=None):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        end(self, epoch, logs)
+
+    monkeypatch.setattr(callbacks.EpochScalars, "on_epoch_end", interrupted_here)
+    flags = [*[f"--{k}={v}" for k, v in SMALL.items()], "--epochs=1", "--steps_per_epoch=2",
+             f"--model_dir={tmp_path / 'run'}"]
+    assert train_py_in_process(*flags) == 130
+    assert "interrupted as the run completed; its results are kept" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "completed"
+
+
+def test_a_signal_before_the_first_step_says_nothing_was_saved(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the data loads (TFDS preparing a dataset: a minute):
+    there is no checkpoint, and the line says so (it said 'checkpoint saved')."""
+    load = training.data_lib.load
+
+    def interrupted_while_loading(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(training.data_lib, "load", interrupted_while_loading)
+    assert train_py_in_process(*[f"--{k}={v}" for k, v in SMALL.items()], f"--model_dir={tmp_path / 'run'}") == 130
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "interrupted" in line]
+    assert "before the first step (nothing trained, no checkpoint)" in line and "checkpoint saved" not in line
+
+
 def test_a_signal_is_held_until_the_step_ends_and_a_second_one_acts_at_once():
     from keras_skipinit import callbacks
 
@@ -458,7 +504,7 @@ def test_a_signal_is_held_until_the_step_ends_and_a_second_one_acts_at_once():
 
 
 @pytest.mark.heavy
-def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp_path, monkeypatch):
+def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp_path, monkeypatch, capsys):
     """Killed between the last epoch's checkpoint and its history row (issue
     45.1), right after a mid-epoch checkpoint, or after an earlier version's
     checkpoint at an epoch's last step (issue 32.1: the resume applied a 9th
@@ -519,8 +565,11 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
         assert (0, 4) not in saved[:-1] and saved[0] == (0, 2), (name, saved)
         monkeypatch.undo()
         started = time.time()
+        capsys.readouterr()
         resumed = training.train(config)
         resumed_s = time.time() - started
+        if name == "last_row":  # its last checkpoint is the run's end: nothing is resumed, the rest is done
+            assert "Every epoch was trained" in capsys.readouterr().out
         model = keras.models.load_model(os.path.join(config.model_dir, run_dir.MODEL))
         assert int(model.optimizer.iterations) == 8, name
         for a, b in zip(final_weights(config.model_dir), straight_weights):

@@ -15,8 +15,16 @@ def _ints(text):
     return [int(v) for v in text.split(",")]
 
 
+def _finite(text):
+    """A float flag's value: NaN and infinity are refused (NaN passes every comparison after)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _floats(text):
-    return [float(v) for v in text.split(",")]
+    return [_finite(v) for v in text.split(",")]
 
 
 def _names(text):
@@ -56,9 +64,9 @@ def build_parser():
                         help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per learning rate (n)")
     parser.add_argument("--best_k", type=int, default=2, help="best k of n averaged (paper: 5 of 7)")
-    parser.add_argument("--chance", type=float, default=0.11,
+    parser.add_argument("--chance", type=_finite, default=0.11,
                         help="accuracy at or below this is a failed run (default: within 1 point of 10-class chance)")
-    parser.add_argument("--chance_level", type=float, default=0.1, help="chance accuracy, drawn in the plots")
+    parser.add_argument("--chance_level", type=_finite, default=0.1, help="chance accuracy, drawn in the plots")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--schedule", default="cifar")
     parser.add_argument("--steps_per_epoch", type=int, default=None)
@@ -79,9 +87,9 @@ def build_parser():
     parser.add_argument("--checkpoint_steps", type=int, default=0,
                         help="each run also checkpoints every N steps (0: at the end of its epochs), so that a run "
                              "killed midway (a deep one: an hour) loses at most N steps; not an experiment setting")
-    parser.add_argument("--bn_momentum", type=float, default=None, help="for the BN methods (PyTorch's default: 0.9)")
-    parser.add_argument("--l2", type=float, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
-    parser.add_argument("--mixup_alpha", type=float, default=None, help="train.py's --mixup_alpha (default 0: none)")
+    parser.add_argument("--bn_momentum", type=_finite, default=None, help="for the BN methods (PyTorch's default: 0.9)")
+    parser.add_argument("--l2", type=_finite, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
+    parser.add_argument("--mixup_alpha", type=_finite, default=None, help="train.py's --mixup_alpha (default 0: none)")
     parser.add_argument("--preprocessing", choices=preprocessing.CHOICES, default=None,
                         help="train.py's --preprocessing (default: the dataset's own)")
     parser.add_argument("--dataset", default="mnist_embedded")
@@ -99,8 +107,8 @@ def build_parser():
     parser.add_argument("--ray_address", default=None,
                         help="a Ray cluster's address (ray start --head prints it); default: RAY_ADDRESS, else the "
                              "cluster `ray start` started on this machine, else a new local instance; local: always a new one")
-    parser.add_argument("--cpus_per_run", type=float, default=1, help="Ray resources of each run")
-    parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources of each run (GPUs: --cpus_per_run too)")
+    parser.add_argument("--cpus_per_run", type=_finite, default=1, help="Ray resources of each run")
+    parser.add_argument("--gpus_per_run", type=_finite, default=0, help="Ray resources of each run (GPUs: --cpus_per_run too)")
     parser.add_argument("--max_retries", type=int, default=3,
                         help="Ray: times a run whose worker died is retried (it resumes from its checkpoint)")
     return parser
@@ -114,8 +122,15 @@ def parse_args(argv=None):
         parser.set_defaults(**PRESETS[preset]())
     args = parser.parse_args(argv)
     args.argv = argv
+    if args.log2_lrs and max(abs(k) for k in args.log2_lrs) > protocol.MAX_LOG2_LR:
+        parser.error(f"--log2_lrs must lie in -{protocol.MAX_LOG2_LR}..{protocol.MAX_LOG2_LR}")
     if args.lrs is None:
         args.lrs = [2.0**k for k in (args.log2_lrs or [-4, -3, -2])]
+    if not all(2.0**-protocol.MAX_LOG2_LR <= lr <= 2.0**protocol.MAX_LOG2_LR for lr in args.lrs):
+        parser.error(f"--lrs must lie in 2^-{protocol.MAX_LOG2_LR}..2^{protocol.MAX_LOG2_LR} (every rate is checked "
+                     f"before the first run), got {args.lrs}")
+    if not 0 <= args.chance < 1 or not 0 <= args.chance_level < 1:
+        parser.error("--chance and --chance_level are accuracies: from 0 to below 1")
     args.batch_sizes = args.batch_sizes or [args.batch_size]
     unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHODS]
     if unknown:

@@ -63,10 +63,26 @@ def read_jsonl(path, required, what, repair=False):
     return records
 
 
+_RESULT = ("status", "test_top1", "train_cross_entropy")  # two records of one run must agree on these
+
+
 def load(path, repair=False):
     """The runs recorded in `path` (runs.jsonl, read by `read_jsonl`), keyed
-    by their ident; a dropped incomplete last line's run runs again."""
-    return {protocol.run_ident(run): run for run in read_jsonl(path, _REQUIRED, "a sweep result", repair)}
+    by their ident; a dropped incomplete last line's run runs again. A run
+    recorded twice (lines copied from another log) must have one result:
+    two that differ are a one-line ValueError naming the run, not a silent
+    choice of the later one."""
+    runs = {}
+    for run in read_jsonl(path, _REQUIRED, "a sweep result", repair):
+        ident = protocol.run_ident(run)
+        if ident in runs and [runs[ident].get(k) for k in _RESULT] != [run.get(k) for k in _RESULT]:
+            method, depth, _, lr, seed, phase = ident
+            differ = ", ".join(f"{k} {runs[ident].get(k)!r} then {run.get(k)!r}" for k in _RESULT
+                               if runs[ident].get(k) != run.get(k))
+            raise ValueError(f"{path} records run {method} depth {depth} lr {protocol.lr_label(lr)} seed {seed} "
+                             f"({phase}) twice with different results ({differ}): delete the wrong line")
+        runs[ident] = run
+    return runs
 
 
 def append(path, record):

@@ -16,6 +16,7 @@ SELECT, FINAL = "select", "final"
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds
 EDGE = "edge"  # the largest rate that trains, per cell
+MAX_LOG2_LR = 30  # a learning rate outside 2^-30..2^30 is a typing error (--log2_lrs=5000 overflowed)
 
 
 def lr_key(lr):

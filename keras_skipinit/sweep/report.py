@@ -170,10 +170,13 @@ def load_beside(folders, args):
         path = os.path.join(folder, "summary.json")
         try:
             summary = files.read_json(path)
-            settings, cells = summary["settings"], summary["cells"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"--beside: cannot read {path} ({files.one_line(e) if isinstance(e, OSError) else e!r}): "
-                             "write it first with that sweep's --report_only") from None
+        except ValueError as e:
+            raise ValueError(f"--beside: {e}; write it first with that sweep's --report_only") from None
+        settings, cells = (summary.get("settings"), summary.get("cells")) if isinstance(summary, dict) else (None, None)
+        if not (isinstance(settings, dict) and isinstance(cells, dict)
+                and {"depths", "best_k", "seeds"} <= set(settings)):
+            raise ValueError(f"--beside: {path} is not a sweep's summary.json (no settings with depths, best_k and "
+                             "seeds, and cells); write it with that sweep's --report_only")
         differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here"  # its depths, seeds, methods may differ
                   for k in ("protocol", "batch_sizes", "micro_batch_size", "chance", *EXPERIMENT)
                   if hasattr(args, k) and settings.get(k) != getattr(args, k)]  # momentum, accumulation: no flags

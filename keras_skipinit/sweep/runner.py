@@ -135,7 +135,7 @@ def record(settings, run, outcome):
 
     key, depth, batch, lr, seed, phase = run
     result = outcome["result"]
-    results = {k: v for k, v in result.items() if k != "chief"}
+    results = {k: v for k, v in result.items() if k not in ("chief", "signal")}
     # Paths relative to --out: no machine's directories in committed results.
     results["config"] = {**results["config"],
                          "model_dir": os.path.relpath(results["config"]["model_dir"], settings.out)}
@@ -190,6 +190,8 @@ def run_sweep(settings):
             line = record(settings, run, outcome)
             log.append(path, line)
             done[protocol.ident(*run)] = line
+            if outcome["result"].get("signal"):  # arrived as the run completed: recorded, the sweep stops
+                raise Interrupted(run_label(run, settings) + " (recorded: it had completed)", outcome["result"]["signal"])
             new += 1
             running, queued = executor.in_flight()
             finished, left = done_before + new, protocol.runs_left(settings, done)
