@@ -1,5 +1,6 @@
 """Plumbing shared by the two commands (train_cli, export_cli)."""
 
+import argparse
 import os
 import sys
 
@@ -57,6 +58,15 @@ def print_help(text):
 
 def unexpected(arguments):
     return f"unexpected arguments: {' '.join(arguments)} (flags are --name=value; --help lists them)"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for our commands (the sweep, its quantization step, the
+    analysis CLI): a bad flag is one line and exit status 2, as for train.py
+    and export, not the usage block above the error."""
+
+    def error(self, message):
+        refuse(self.prog, f"{message} (--help lists the flags)")
 
 
 def refuse(program_name, message):

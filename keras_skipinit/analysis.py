@@ -324,11 +324,9 @@ def _inputs(kind, shape, batch, seed):
 
 def build_parser():
     """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
-    import argparse
+    from keras_skipinit import _cli, applications
 
-    from keras_skipinit import applications
-
-    parser = argparse.ArgumentParser(prog="python -m keras_skipinit.analysis", description=__doc__.split("\n\n")[0])
+    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.analysis", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="wrn", choices=applications.MODELS)
     parser.add_argument("--toy", choices=TOYS, help="analyse a toy network of App. B/C instead of --model")
     parser.add_argument("--depth", type=int, default=100,

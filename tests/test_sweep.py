@@ -369,7 +369,7 @@ def test_cli_rejects_bad_settings(tmp_path, monkeypatch, capsys):
     for bad, match in cases:
         with pytest.raises(SystemExit) as exit_info:
             sweep.main(["--depths=10", "--methods=skipinit", "--seeds=1", "--best_k=1", *bad, f"--out={tmp_path}/out"])
-        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        (line,) = capsys.readouterr().err.strip().splitlines()  # no usage block above it
         assert exit_info.value.code == 2 and match in line and line.count("cannot read") <= 1, (bad, line)
     assert calls == [] and not (tmp_path / "out" / "runs.jsonl").exists()
 

@@ -5,7 +5,7 @@ import math
 import os
 import sys
 
-from keras_skipinit import preprocessing
+from keras_skipinit import _cli, preprocessing
 from keras_skipinit.applications import MODELS
 from keras_skipinit.sweep import log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHODS, PRESETS
@@ -40,7 +40,7 @@ def _method_ints(text):
 
 def build_parser():
     """The sweep's flags (their help is also answered from flag_tables.json, before Keras loads)."""
-    parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
+    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE),
                         default="table1", help="converged: choose each cell's lr on --validation_examples, then "

@@ -11,7 +11,6 @@ the table (mean and std over seeds). The files go to each run's
 ``<model_dir>/exports/``.
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -141,7 +140,9 @@ def table(records):
 
 def build_parser():
     """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
-    parser = argparse.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description=__doc__.split("\n\n")[0])
+    from keras_skipinit import _cli
+
+    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
     parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
     parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
