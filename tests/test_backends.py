@@ -45,7 +45,7 @@ def _jax_compilation_cache(tmp_path_factory):
 
 
 def require_jax():
-    require_module("jax", "pip install jax (the backend tests)")
+    require_module("jax", 'pip install -e ".[jax]"')
 
 
 def run_tensorflow(args, timeout=900):
@@ -303,6 +303,53 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
     served = tf.saved_model.load(results["export_path"]).signatures["serving_default"]
     np.testing.assert_allclose(served(images=tf.constant(images))["probabilities"],
                                np.load(tmp_path / "jax_probabilities.npy"), atol=1e-5)
+
+
+SAME_STEPS = r"""
+import json, sys, numpy as np, keras
+from keras_skipinit import data, training
+folder = sys.argv[1]
+config = training.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0,
+                         model_dir=folder + "/unused")
+dataset = data.load(config.dataset, train_examples=256)
+model = training.compiled_model(config, dataset, steps_per_epoch=4)  # the cifar schedule halves from step 4 on
+model.load_weights(folder + "/init.weights.h5")
+batches = np.load(folder + "/batches.npz")
+lrs = []
+for x, y in zip(batches["x"], batches["y"]):
+    lrs.append(float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)))
+    model.train_on_batch(x, y)
+np.savez(folder + f"/{keras.backend.backend()}.npz", *[keras.ops.convert_to_numpy(w) for w in model.weights])
+print(json.dumps(lrs))
+"""
+
+
+@pytest.mark.heavy
+def test_the_model_and_optimizer_take_the_same_steps_on_both_backends(tmp_path):
+    """JAX without TensorFlow learned less at 2 epochs than TensorFlow (median 38% against 74% over 4 seeds).
+    Bisected: given the same initial weights and the same batches, the two backends take the same steps
+    (the learning rate of every update, the schedule's decay, the scalar learning rate, the weights after
+    6 updates within float32 rounding), and the routes' gap follows the batches (which feed) and the seed,
+    not the backend (README, "On JAX"). This pins the first half: a backend's optimizer or schedule that
+    drifts fails here."""
+    require_jax()
+    from keras_skipinit import data, numpy_data, training
+
+    config = training.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0)
+    dataset = data.load(config.dataset, train_examples=256)
+    training.compiled_model(config, dataset, steps_per_epoch=4).save_weights(tmp_path / "init.weights.h5")
+    feed = numpy_data.train_batches(*dataset.train, dataset.num_classes, 32, 0, 0, dataset.flip, prep=dataset.preprocessing)
+    x, y = zip(*(feed[i] for i in range(6)))
+    np.savez(tmp_path / "batches.npz", x=np.stack(x), y=np.stack(y))
+    runs = {name: run(["-c", SAME_STEPS, str(tmp_path)], timeout=600)
+            for name, run in (("tensorflow", run_tensorflow), ("jax", run_jax))}
+    for name, proc in runs.items():
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    lrs = {name: json.loads(proc.stdout.strip().splitlines()[-1]) for name, proc in runs.items()}
+    assert lrs["tensorflow"] == lrs["jax"] and lrs["jax"][0] == pytest.approx(0.05) and lrs["jax"][-1] < 0.03
+    tf_weights, jax_weights = (np.load(tmp_path / f"{name}.npz") for name in ("tensorflow", "jax"))
+    for key in tf_weights.files:
+        np.testing.assert_allclose(tf_weights[key], jax_weights[key], atol=2e-5, err_msg=key)
 
 
 @pytest.mark.heavy
