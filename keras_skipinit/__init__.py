@@ -19,6 +19,7 @@ if _startup.our_command():  # before Keras loads TensorFlow: our commands start 
         from keras_skipinit import _flag_table
 
         _flag_table.preparse(_command)
+        print(f"Loading Keras on {_startup.requested_backend()} (seconds; a minute on a busy machine)...", flush=True)
     _startup.quiet_start()
 elif "keras" not in sys.modules and (_missing := _startup.missing_backend()):  # Keras' error names only the module
     raise ImportError(_missing)

@@ -1,6 +1,8 @@
 """Plumbing shared by the two commands (train_cli, export_cli)."""
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 
@@ -69,6 +71,28 @@ class ArgumentParser(argparse.ArgumentParser):
         refuse(self.prog, f"{message} (--help lists the flags)")
 
 
+@contextlib.contextmanager
+def dropped_log_messages(*texts, logger=""):
+    """Python logging records of `logger` (the root's by default) that
+    contain one of `texts` are dropped for the block: advice a library
+    repeats on every call that our command has no use for."""
+    class Drop(logging.Filter):
+        def filter(self, record):
+            return not any(text in str(record.msg) for text in texts)
+
+    drop, target = Drop(), logging.getLogger(logger)
+    target.addFilter(drop)
+    handlers = [h for h in logging.getLogger().handlers + target.handlers]  # absl's handler filters too
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        target.removeFilter(drop)
+        for handler in handlers:
+            handler.removeFilter(drop)
+
+
 def refuse(program_name, message):
     """Bad input: one line on stderr, exit status 2."""
     print(f"{program_name}: error: {message}", file=sys.stderr)
@@ -82,7 +106,7 @@ def without_tensorflow(what):
     if _startup.installed("tensorflow"):
         return None
     return (f"{what} needs TensorFlow (SavedModel, LiteRT and ONNX files are made from TensorFlow graphs), which "
-            "this Python does not have: pip install tensorflow")
+            "this Python does not have: pip install -e \".[tensorflow]\"")
 
 
 def exit_without_tensorflow(name):

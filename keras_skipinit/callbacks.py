@@ -6,6 +6,7 @@ signal handling that stops a run at a step it can resume from."""
 import math
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -95,14 +96,44 @@ class TrainingMonitor(keras.callbacks.Callback):
 
 class EpochProgress(keras.callbacks.ProgbarLogger):
     """Keras' progress display, counting epochs out of the whole run
-    ("Epoch 3/12") although `train` calls fit once per epoch."""
+    ("Epoch 3/12") although `train` calls fit once per epoch. A resumed
+    epoch's bar counts from the step it resumed at (303/1875, not 1/1573);
+    the evaluation's metrics are named by its split (`eval_split` "test":
+    test_top1, where Keras says val_top1 for whatever it evaluates on); the
+    evaluation after the bar says it runs; and where the display is a line
+    per epoch (verbose 2: stdout is no terminal), a line at least every
+    `every_s` seconds of an epoch."""
 
-    def __init__(self, total_epochs):
+    def __init__(self, total_epochs, first_step=0, steps=None, eval_split="test", every_s=30):
         super().__init__()
-        self.total_epochs = total_epochs
+        self.total_epochs, self.first_step, self.steps = total_epochs, first_step, steps
+        self.eval_split, self.every_s, self._last = eval_split, every_s, time.time()
 
     def set_params(self, params):
-        super().set_params({**params, "epochs": self.total_epochs})
+        super().set_params({**params, "epochs": self.total_epochs, "steps": self.steps or params["steps"]})
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._last = time.time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = batch + self.first_step
+        super().on_train_batch_end(step, logs)
+        if self.verbose == 2 and time.time() - self._last >= self.every_s:
+            self._last = time.time()
+            shown = " - ".join(f"{k}: {float(v):.4f}" for k, v in (logs or {}).items())
+            print(f"  step {step + 1}/{self.target}" + (f" - {shown}" if shown else ""), flush=True)
+
+    def on_test_begin(self, logs=None):
+        super().on_test_begin(logs)
+        if self._called_in_fit and self.verbose == 1:  # the bar's line: its final update writes over this
+            sys.stdout.write(f" - evaluating on the {self.eval_split} split")
+            sys.stdout.flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        prefix = "test_" if self.eval_split == "test" else "val_"
+        super().on_epoch_end(epoch, {(prefix + k[4:] if k.startswith("val_") else k): v
+                                     for k, v in (logs or {}).items()})
 
 
 class EpochScalars(keras.callbacks.Callback):

@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _startup, inference, preprocessing as preprocessing_lib, publish, serving
+from keras_skipinit import _cli, _startup, inference, preprocessing as preprocessing_lib, publish, serving
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -48,8 +48,7 @@ def require(fmt):
     modules = FORMATS[fmt].modules
     missing = [name for name in modules if not _startup.installed(name)]
     if missing:
-        raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\" "
-                         f"(or pip install {' '.join(name.replace('_', '-') for name in modules)})")
+        raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\"")
 
 
 def exact_shape(x, height, width, channels):
@@ -90,6 +89,8 @@ def _archive(model, preprocessing, directory):
 # input_inference_type: FLOAT32, ..." reads as if the file were not int8 (it is: int8 inside, float at
 # the boundary, as --quantize=int8 documents).
 CONVERTER_NOISE = ("fully_quantize:",)
+# LiteRT's C++ note on every interpreter (not a warning; a user's own Python shows it: README).
+RUNTIME_NOISE = ("INFO: Created TensorFlow Lite XNNPACK delegate",)
 
 
 @contextlib.contextmanager
@@ -216,8 +217,10 @@ def _onnx_int8(path, quantize, calibration):
             return None if batch is None else {"images": batch}
 
     out = path[: -len(".onnx")] + "_int8.onnx"
-    q.quantize_static(path, out, Images(), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                      activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    # Its advice to run ONNX Runtime's shape pre-processing first, on every call: the file is checked instead.
+    with _cli.dropped_log_messages("Please consider to run pre-processing", "Please consider pre-processing"):
+        q.quantize_static(path, out, Images(), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                          activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
     return out
 
 
@@ -320,8 +323,9 @@ def format_of(path):
 
 def run_file(path, images, batch=64):
     """Probabilities of a written file in its runtime."""
-    run = FORMATS[format_of(path)].runner(path)
-    outputs = [run(images[i : i + batch]) for i in range(0, len(images), batch)]
+    with _filtered_stderr(RUNTIME_NOISE):
+        run = FORMATS[format_of(path)].runner(path)
+        outputs = [run(images[i : i + batch]) for i in range(0, len(images), batch)]
     return np.concatenate(outputs).astype(np.float32)
 
 

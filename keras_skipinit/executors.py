@@ -118,7 +118,7 @@ class Ray:
         try:
             import ray
         except ImportError:
-            raise ValueError("--executor=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)") from None
+            raise ValueError("--executor=ray needs Ray: pip install -e \".[ray]\"") from None
         self._ray = ray
         if not ray.is_initialized():
             _check_reachable(address or os.environ.get("RAY_ADDRESS"))

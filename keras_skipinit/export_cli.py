@@ -90,6 +90,7 @@ def main(argv):
         model, preprocessing, source = serving.load_source(F.source, F.preprocessing)
         labels = _labels(model)
         if F.format == "saved_model":
+            print(f"Writing the SavedModel of {source} (10-20 s)...", flush=True)
             path = serving.export(model, F.base_path, name, version=F.version, overwrite=F.overwrite,
                                   preprocessing=preprocessing, top_k=F.top_k, fold_layers=F.fold, labels=labels)
         else:
@@ -168,6 +169,8 @@ def _data():
 def _export_file(model, preprocessing, source, labels):
     from keras_skipinit import data as data_lib
 
+    print(f"Converting {source} to {F.format}{' ' + F.quantize if F.quantize else ''} and checking the file on "
+          f"{F.check_images} images in its runtime (10-30 s)...", flush=True)
     dataset = _data()
     if dataset.num_classes != model.output_shape[-1]:
         raise ValueError(f"{dataset.name} has {dataset.num_classes} classes, the model {model.output_shape[-1]}: "

@@ -54,6 +54,21 @@ def _predictions(model, images, k, labels=None):
     return outputs
 
 
+def _checked(x, shape, first, message):
+    """`x` where its dimensions from `first` on are `shape`, else an
+    InvalidArgumentError whose message names the expected and the received
+    size. The error comes from the data path (a cond), not from a separate
+    assert that the runtime may schedule after the op that would fail first
+    with its own words (map_fn's "Specified a list with shape [28,28,1] from
+    a tensor with shape [32,32,1]")."""
+    def wrong_size():
+        with tf.control_dependencies([tf.debugging.Assert(False, [message, tf.shape(x)], summarize=8)]):
+            return tf.zeros_like(x)
+
+    fits = tf.reduce_all(tf.equal(tf.shape(x)[first:], shape))
+    return tf.cond(fits, lambda: tf.identity(x), wrong_size)
+
+
 def _serving_functions(model, preprocessing, top_k, labels=None):
     height, width, channels = model.input_shape[1:]
     prep = preprocessing_lib.get(preprocessing)
@@ -69,20 +84,17 @@ def _serving_functions(model, preprocessing, top_k, labels=None):
     image_shape = [None, height, width, channels] if prep.resize is None else [None, None, None, channels]
 
     def serve_images(images):
+        if prep.resize is None:  # else any size: the preprocessing resizes
+            images = _checked(images, [height, width, channels], 1,
+                              f"images must be [batch, {height}, {width}, {channels}] uint8; got [batch, height, "
+                              "width, channels] =")
         return outputs(images)
 
     def decode(encoded):
         image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
         if prep.resize is None:
-            # The error must come from the data path (a cond), not from a
-            # separate assert that the runtime may schedule after a shape op.
-            def wrong_size():
-                message = f"image_bytes must decode to {height}x{width} images"
-                with tf.control_dependencies([tf.debugging.Assert(False, [message, tf.shape(image)])]):
-                    return tf.zeros([height, width, channels], image.dtype)
-
-            fits = tf.reduce_all(tf.equal(tf.shape(image)[:2], [height, width]))
-            image = tf.ensure_shape(tf.cond(fits, lambda: image, wrong_size), [height, width, channels])
+            image = _checked(image, [height, width, channels], 0,
+                             f"image_bytes must decode to {height}x{width} images; got [height, width, channels] =")
         return prep.eval(image)
 
     def serve_bytes(image_bytes):

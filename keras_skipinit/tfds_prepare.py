@@ -108,6 +108,9 @@ def prepare(builder, manual_dir=None):
     else:
         _check_reachable(builder, url_infos, manual_dir)
     config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+    source = f"its original files in {manual_dir}" if local else "a download"
+    print(f"Preparing {name} once, from {source}, into {builder.data_dir} (TFDS writes its own format there: "
+          "about a minute for Fashion-MNIST; later runs read it at once).", flush=True)
     try:
         builder.download_and_prepare(download_config=config)
     except (OSError, AssertionError, NonMatchingChecksumError, tfds.download.DownloadError) as e:

@@ -157,6 +157,8 @@ def main(argv):
         print(f"{_cli.program('train.py')}: error: cannot write the run: {files.one_line(e)}. Nothing half-written "
               "is kept; run the same command to resume from its last checkpoint once it can write", file=sys.stderr)
         return 5
+    if results["status"] == "interrupted" and sys.stdout.isatty():
+        print(flush=True)  # ends the progress bar's line: the message below starts a line of its own
     if results["status"] == "interrupted" and not results.get("checkpointed", True):
         print(f"{_cli.program('train.py')}: interrupted before the first step (nothing trained, no checkpoint); "
               "run the same command to start", file=sys.stderr)

@@ -369,7 +369,8 @@ def _train(config, strategy, out_dir, start, interrupt):
                         steps_per_epoch=micro_steps - skip,
                         validation_data=eval_ds,
                         validation_steps=eval_steps,
-                        callbacks=[monitor, tensorboard, EpochProgress(config.epochs)],
+                        callbacks=[monitor, tensorboard,
+                                   EpochProgress(config.epochs, skip, micro_steps, dataset.eval_split)],
                         shuffle=False,  # the pipeline shuffles, seeded per epoch
                         verbose=verbose,
                     )

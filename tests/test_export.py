@@ -181,10 +181,13 @@ def test_bad_inputs_fail_clearly(exported):
     loaded = tf.saved_model.load(path)
     with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
         loaded.signatures["serving_default"](images=tf.zeros((1, 28, 28, 1), tf.float32))
-    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
-        loaded.signatures["serving_default"](images=tf.zeros((1, 32, 32, 1), tf.uint8))
+    # The message names the expected and the received size (it was map_fn's "Specified a list with shape").
+    for shape in ((1, 32, 32, 1), (2, 28, 28, 3)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"must be \[batch, 28, 28, 1\] uint8; got .*\] \["
+                           + " ".join(map(str, shape)) + r"\]"):
+            loaded.signatures["serving_default"](images=tf.zeros(shape, tf.uint8))
     wrong = tf.io.encode_png(tf.zeros((30, 30, 1), tf.uint8))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="must decode to 28x28"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"must decode to 28x28 images; got .*\] \[30 30 1\]"):
         loaded.signatures["predict_image_bytes"](image_bytes=tf.stack([wrong]))
 
 

@@ -491,6 +491,26 @@ def test_a_signal_before_the_first_step_says_nothing_was_saved(tmp_path, monkeyp
     assert "before the first step (nothing trained, no checkpoint)" in line and "checkpoint saved" not in line
 
 
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_the_progress_counts_a_resumed_epoch_from_its_step_and_names_the_test_split(verbose, capsys):
+    """A resumed epoch's bar counts 6..8 of 8 (it counted 1..3 of 3); the
+    test split's metrics are test_*, not Keras' val_*; the bar says when it
+    evaluates; a line per epoch (no terminal) also says where a long epoch is."""
+    from keras_skipinit.callbacks import EpochProgress
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=[keras.metrics.CategoricalAccuracy("top1")])
+    x, y = np.ones((12, 2), "float32"), np.eye(2)[[0, 1] * 6]
+    model.fit(x, y, batch_size=4, epochs=3, initial_epoch=2, validation_data=(x, y), verbose=verbose,
+              callbacks=[EpochProgress(3, first_step=5, steps=8, eval_split="test", every_s=0)])
+    out = capsys.readouterr().out
+    assert "Epoch 3/3" in out and "test_top1" in out and "val_top1" not in out
+    if verbose == 2:
+        assert "  step 6/8" in out and "  step 8/8" in out
+    else:
+        assert "8/8" in out and "evaluating on the test split" in out
+
+
 def test_a_signal_is_held_until_the_step_ends_and_a_second_one_acts_at_once():
     from keras_skipinit import callbacks
 

@@ -51,7 +51,7 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
     assert not os.path.exists(tmp_path / "run")
     proc = run(["-m", "export", f"--source={tmp_path}/run", f"--base_path={tmp_path}/serving"])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "pip install tensorflow" in proc.stderr
+    assert 'pip install -e ".[tensorflow]"' in proc.stderr
     proc = run(["train.py", "--dataset=cifar10", f"--model_dir={tmp_path}/run"])
     assert proc.returncode == 2 and "read by TFDS, which is not installed" in proc.stderr, proc.stderr
 
