@@ -138,7 +138,7 @@ def check_model_dir(current, defaults, chief=True):
         )
     results_path = os.path.join(model_dir, RESULTS)
     if os.path.exists(results_path):
-        results = files.read_json(results_path)
+        results = _run_file(results_path)
         if results.get("status") == "diverged" or results.get("epochs_completed", 0) >= current["epochs"]:
             return {**results, "already_complete": True}
     return None
@@ -242,9 +242,19 @@ def results_record(config, dataset, metrics, diverged, **figures):
     })
 
 
+def _run_file(path):
+    """A run's JSON file; one that cannot be read (empty, cut by a full disk) is a one-line error saying
+    what to do."""
+    try:
+        return files.read_json(path)
+    except ValueError as e:
+        raise ValueError(f"{e}; the run's --model_dir is damaged: --restart discards it, or use a new "
+                         "--model_dir") from None
+
+
 def read_spec(model_dir):
     path = os.path.join(model_dir, SPEC)
-    spec = files.read_json(path)
+    spec = _run_file(path)
     if not isinstance(spec, dict) or not {"config", "model", "preprocessing"} <= set(spec):
         raise ValueError(f"{path} is not a model_spec.json of this version of keras_skipinit")
     return spec

@@ -136,7 +136,7 @@ def test_results_are_strict_json():
 
 def test_corrupt_run_files_are_named(tmp_path):
     (tmp_path / "model_spec.json").write_text("")
-    with pytest.raises(ValueError, match=r"cannot read .*model_spec.json: JSONDecodeError"):
+    with pytest.raises(ValueError, match=r"cannot read .*model_spec.json: JSONDecodeError.*--restart discards it"):
         run_dir.read_spec(str(tmp_path))
 
 
