@@ -50,7 +50,12 @@ def fashion_mnist_data_dir(fashion_mnist_first_run):
     return data_dir
 
 
-def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_mnist_data_dir):
+def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_mnist_data_dir, fashion_mnist_first_run):
+    # train.py says what it prepares, from where, into where (TFDS's own line was followed by a silent minute),
+    # after a first line of its own before Keras loads.
+    stdout = fashion_mnist_first_run[1]["stdout"]
+    assert stdout.startswith("Loading Keras on ")
+    assert f"Preparing fashion_mnist once, from its original files in " in stdout and fashion_mnist_data_dir in stdout
     builder = tfds.builder("fashion_mnist", data_dir=fashion_mnist_data_dir)
     assert builder.is_prepared()
     assert {k: v.num_examples for k, v in builder.info.splits.items()} == {"train": 60000, "test": 10000}
