@@ -61,9 +61,9 @@ def _checked(x, shape, first, message):
     assert that the runtime may schedule after the op that would fail first
     with its own words (map_fn's "Specified a list with shape [28,28,1] from
     a tensor with shape [32,32,1]")."""
-    def wrong_size():
+    def wrong_size():  # the expected shape: a shape check after it cannot fail before the Assert
         with tf.control_dependencies([tf.debugging.Assert(False, [message, tf.shape(x)], summarize=8)]):
-            return tf.zeros_like(x)
+            return tf.zeros(tf.concat([tf.shape(x)[:first], shape], 0), x.dtype)
 
     fits = tf.reduce_all(tf.equal(tf.shape(x)[first:], shape))
     return tf.cond(fits, lambda: tf.identity(x), wrong_size)
@@ -85,16 +85,17 @@ def _serving_functions(model, preprocessing, top_k, labels=None):
 
     def serve_images(images):
         if prep.resize is None:  # else any size: the preprocessing resizes
-            images = _checked(images, [height, width, channels], 1,
-                              f"images must be [batch, {height}, {width}, {channels}] uint8; got [batch, height, "
-                              "width, channels] =")
+            images = tf.ensure_shape(_checked(images, [height, width, channels], 1,
+                                              f"images must be [batch, {height}, {width}, {channels}] uint8; got "
+                                              "[batch, height, width, channels] ="), [None, height, width, channels])
         return outputs(images)
 
     def decode(encoded):
         image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-        if prep.resize is None:
-            image = _checked(image, [height, width, channels], 0,
-                             f"image_bytes must decode to {height}x{width} images; got [height, width, channels] =")
+        if prep.resize is None:  # fully defined: map_fn stacks an empty batch's list by its element shape
+            image = tf.ensure_shape(_checked(image, [height, width, channels], 0,
+                                             f"image_bytes must decode to {height}x{width} images; got [height, "
+                                             "width, channels] ="), [height, width, channels])
         return prep.eval(image)
 
     def serve_bytes(image_bytes):

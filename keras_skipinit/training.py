@@ -32,8 +32,9 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, run_dir, schedules
-from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit import normalization as norm_lib
+from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
+from keras_skipinit.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = applications.MODELS  # train.py --model
@@ -302,7 +303,7 @@ def _train(config, strategy, out_dir, start, interrupt):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
-        checkpoint = run_dir.Checkpoint(
+        checkpoint = Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
         if config.lsuv and not checkpoint.all():
@@ -311,7 +312,7 @@ def _train(config, strategy, out_dir, start, interrupt):
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
     # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
     # history.csv is rebuilt from the one resumed from (a kill between a checkpoint and its row loses nothing).
-    state = run_dir.Checkpoint.read_state(restored) if restored else {}
+    state = Checkpoint.read_state(restored) if restored else {}
     feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
     if skip and state.get("feed", feed) != feed:
         raise ValueError(

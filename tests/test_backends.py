@@ -18,6 +18,7 @@ import pytest
 
 from conftest import require_module, session_dir, tf_only
 from keras_skipinit import applications as apps
+from keras_skipinit.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files whose numerics run backend code: the custom layers, every model family x every
@@ -387,24 +388,24 @@ def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
 
     # A checkpoint written mid-epoch by tf.data's order is refused on JAX's NumPy feed (its order is
     # another: the epoch would train some examples twice), in one line, before any step.
-    from keras_skipinit import run_dir, training
+    from keras_skipinit import training
 
     class Killed(Exception):
         pass
 
-    save = run_dir.Checkpoint.save
+    save = Checkpoint.save
 
     def killed_mid_epoch(self, model, epoch, step, **state):
         save(self, model, epoch, step, **state)
         raise Killed
 
-    run_dir.Checkpoint.save = killed_mid_epoch
+    Checkpoint.save = killed_mid_epoch
     try:
         with pytest.raises(Killed):
             training.train(training.Config(depth=10, width=1, steps_per_epoch=3, checkpoint_steps=1, epochs=1,
                                            verbose=0, model_dir=str(tmp_path / "mid")))
     finally:
-        run_dir.Checkpoint.save = save
+        Checkpoint.save = save
     third = run_jax([*flags[:-1], "--epochs=1", "--checkpoint_steps=1", f"--model_dir={tmp_path}/mid"], timeout=600)
     assert third.returncode == 2, third.stderr[-3000:]
     (line,) = [line for line in third.stderr.splitlines() if "error:" in line]

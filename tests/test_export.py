@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from conftest import run_cli_cases
 from keras_skipinit import applications as apps, inference, layers as ks_layers, preprocessing, run_dir, serving, training
+from keras_skipinit.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)
@@ -281,7 +282,7 @@ def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     newer = keras.models.load_model(later / "model.keras")
     for w in newer.trainable_weights:
         w.assign(w + 0.01)
-    run_dir.Checkpoint(str(later / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
+    Checkpoint(str(later / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
     results = run_cli_cases("export", [[f"--source={finished}", f"--base_path={tmp_path}/serving"],
                                        [f"--source={later}", f"--base_path={tmp_path}/serving"]], ROOT)
     (done, done_out, done_err), (status, out, err) = results

@@ -17,6 +17,7 @@ import pytest
 from conftest import run_cli_cases, train_py_in_process
 from keras_skipinit import _startup, applications as apps, files, run_dir, serving, training
 from keras_skipinit.normalization import NORMALIZATIONS
+from keras_skipinit.checkpoint import Checkpoint, random_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -41,7 +42,7 @@ def same_weights(a, b):
 
 
 def test_checkpoints_are_whole_directories_and_the_newest_two_are_kept(tmp_path):
-    ckpt = run_dir.Checkpoint(str(tmp_path))
+    ckpt = Checkpoint(str(tmp_path))
     models = [small_model(seed) for seed in range(3)]
     for (epoch, step), model in zip([(0, 5), (1, 0), (1, 3)], models):
         ckpt.save(model, epoch, step)
@@ -66,22 +67,22 @@ def test_a_checkpoint_restores_every_variable_of_every_method(tmp_path, normaliz
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype("float32")
     trained = model_of(0)
     trained.fit(x, np.eye(3)[[0, 1, 2, 0]], batch_size=2, epochs=2, verbose=0)  # advances every state
-    run_dir.Checkpoint(str(tmp_path)).save(trained, 0, 4)
+    Checkpoint(str(tmp_path)).save(trained, 0, 4)
     restored = model_of(1)
-    run_dir.Checkpoint(str(tmp_path)).restore(restored)
+    Checkpoint(str(tmp_path)).restore(restored)
     state = lambda model: [keras.ops.convert_to_numpy(v) for v in model.variables + model.optimizer.variables]
     assert len(state(restored)) == len(state(trained))
     for a, b in zip(state(restored), state(trained)):
         np.testing.assert_array_equal(a, b)
     if normalization == "regularized_skipinit":
-        assert run_dir.random_state(restored)
+        assert random_state(restored)
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     """Weights and position are one unit: either the whole new checkpoint
     is there, or the previous one is restored (a kill between two files
     once resumed at an old step with newer weights)."""
-    ckpt = run_dir.Checkpoint(str(tmp_path))
+    ckpt = Checkpoint(str(tmp_path))
     old, new = small_model(0), small_model(1)
     ckpt.save(old, 0, 4)
 
@@ -98,7 +99,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypat
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "missing", "bad_state"])
 def test_an_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path, capsys, damage):
-    ckpt = run_dir.Checkpoint(str(tmp_path))
+    ckpt = Checkpoint(str(tmp_path))
     old = small_model(0)
     ckpt.save(old, 1, 0)
     ckpt.save(small_model(1), 2, 0)
@@ -121,7 +122,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path, cap
 
 
 def test_no_readable_checkpoint_is_one_error_naming_the_files(tmp_path):
-    ckpt = run_dir.Checkpoint(str(tmp_path))
+    ckpt = Checkpoint(str(tmp_path))
     ckpt.save(small_model(0), 1, 0)
     open(os.path.join(ckpt.all()[0][2], ckpt.WEIGHTS), "wb").close()
     with pytest.raises(ValueError, match=r"no readable checkpoint in .*ckpt-000001-000000.*Delete") as info:
@@ -371,12 +372,12 @@ def test_export_takes_model_keras_where_it_is_newer_than_every_readable_checkpoi
 
     model_dir = tmp_path / "run"
     training.train(training.Config(depth=10, epochs=2, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
-    (_, _, newest), (_, _, older) = run_dir.Checkpoint(str(model_dir / "checkpoint")).all()
-    open(os.path.join(newest, run_dir.Checkpoint.WEIGHTS), "wb").close()  # epoch 2's: model.keras holds it too
+    (_, _, newest), (_, _, older) = Checkpoint(str(model_dir / "checkpoint")).all()
+    open(os.path.join(newest, Checkpoint.WEIGHTS), "wb").close()  # epoch 2's: model.keras holds it too
     model, _, source = serving.load_source(str(model_dir))
     assert source.endswith("model.keras") and "is newer than the newest readable checkpoint" in capsys.readouterr().err
     assert same_weights(model, keras.models.load_model(model_dir / "model.keras"))
-    open(os.path.join(older, run_dir.Checkpoint.WEIGHTS), "wb").close()
+    open(os.path.join(older, Checkpoint.WEIGHTS), "wb").close()
     model, preprocessing, source = serving.load_source(str(model_dir))
     assert source.endswith("model.keras") and preprocessing == "standardize"
     assert "no readable checkpoint" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_
     # after a first line of its own before Keras loads.
     stdout = fashion_mnist_first_run[1]["stdout"]
     assert stdout.startswith("Loading Keras on ")
-    assert f"Preparing fashion_mnist once, from its original files in " in stdout and fashion_mnist_data_dir in stdout
+    assert "Preparing fashion_mnist once, from its original files in " in stdout and fashion_mnist_data_dir in stdout
     builder = tfds.builder("fashion_mnist", data_dir=fashion_mnist_data_dir)
     assert builder.is_prepared()
     assert {k: v.num_examples for k, v in builder.info.splits.items()} == {"train": 60000, "test": 10000}

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
 from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, run_dir, schedules, training
+from keras_skipinit.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(depth=10, width=1, verbose=0)
@@ -403,7 +404,7 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "train.py", *flags, f"--model_dir={model_dir}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = run_dir.Checkpoint(str(model_dir / "checkpoint"))
+    checkpoints = Checkpoint(str(model_dir / "checkpoint"))
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         newest = checkpoints.all()[:1]
@@ -449,7 +450,7 @@ def test_ctrl_c_checkpoints_the_step_reached_and_says_how_to_resume(tmp_path):
     assert "Traceback" not in err
     (line,) = [line for line in err.splitlines() if "interrupted" in line]
     assert "interrupted at epoch 1, step " in line and "of 400" in line and "run the same command to resume" in line
-    ((epoch, step, _),) = run_dir.Checkpoint(str(model_dir / "checkpoint")).all()
+    ((epoch, step, _),) = Checkpoint(str(model_dir / "checkpoint")).all()
     assert epoch == 0 and 0 < step < 400 and f"step {step} of 400" in line
     assert not (model_dir / "results.json").exists()
 
@@ -546,7 +547,7 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
     class Killed(Exception):
         pass
 
-    write_history, save = run_dir.write_history, run_dir.Checkpoint.save
+    write_history, save = run_dir.write_history, Checkpoint.save
     saved, saved_at = [], []  # (epoch, step) of each save, and when it began (the time a checkpoint records)
 
     def save_and_note(self, model, epoch, step, **state):
@@ -571,12 +572,12 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
         raise Killed
 
     faults = {"last_row": (run_dir, "write_history", kill_before_the_last_row),
-              "mid_epoch": (run_dir.Checkpoint, "save", kill_after_mid_epoch_checkpoint),
-              "old_last_step": (run_dir.Checkpoint, "save", kill_after_an_old_last_step_checkpoint)}
+              "mid_epoch": (Checkpoint, "save", kill_after_mid_epoch_checkpoint),
+              "old_last_step": (Checkpoint, "save", kill_after_an_old_last_step_checkpoint)}
     for name, (owner, attribute, fault) in faults.items():
         config = small_config(tmp_path / name, **kwargs)
         saved.clear()
-        monkeypatch.setattr(run_dir.Checkpoint, "save", save_and_note)
+        monkeypatch.setattr(Checkpoint, "save", save_and_note)
         monkeypatch.setattr(owner, attribute, fault)
         started = time.time()
         with pytest.raises(Killed):
