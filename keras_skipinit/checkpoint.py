@@ -51,8 +51,8 @@ class Checkpoint:
         with files.removed_on_failure(tempfile.mkdtemp(prefix="tmp-", dir=out)) as tmp:
             model.save_weights(os.path.join(tmp, self.WEIGHTS))
             files.write_json(os.path.join(tmp, self.STATE),
-                       files.strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch,
-                                          "random_state": [_to_list(v) for v in random_state(model)]}))
+                             files.strict_json({**state, "epoch": epoch, "step_in_epoch": step_in_epoch,
+                                                "random_state": [_to_list(v) for v in random_state(model)]}))
             final = os.path.join(out, f"ckpt-{epoch:06d}-{step_in_epoch:06d}")
             if os.path.exists(final):  # the same position saved again (e.g. a resumed run)
                 shutil.rmtree(final)
@@ -107,9 +107,9 @@ def _to_list(variable):
 def _restore_random_state(model, saved, path):
     """Puts `random_state`'s saved values back (none in a checkpoint of a
     model without dropout, nor in one of an earlier version)."""
-    variables = random_state(model)
     if saved is None:
         return
+    variables = random_state(model)
     if len(saved) != len(variables):
         raise ValueError(f"{path} holds {len(saved)} random states, the model has {len(variables)}")
     for variable, value in zip(variables, saved):
