@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _cli, _startup, inference, preprocessing as preprocessing_lib, publish, serving
+from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, serving
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -160,7 +160,8 @@ def export_file(model, fmt, path, preprocessing, quantize=None, calibration=None
     check_output(path, fmt, overwrite)
     suffixes = [f.suffix for f in FORMATS.values()]
     publish.check_labels(path, None if labels is None else publish.labels_text(labels), overwrite, suffixes)
-    with publish.Stage(os.path.dirname(os.path.abspath(path)), suffixes) as stage, serving.disk_errors(path):
+    with files.new_folders(os.path.dirname(os.path.abspath(path))) as directory, \
+            publish.Stage(directory, suffixes) as stage, serving.disk_errors(path):
         staged = os.path.join(stage.path, os.path.basename(path))
         _convert(model, fmt, staged, preprocessing, quantize, calibration, labels, stage.path)
         if labels:
@@ -225,18 +226,22 @@ def _onnx_int8(path, quantize, calibration):
 
 
 def check_output(path, fmt, overwrite):
-    """Refuses a missing directory, a wrong suffix, or an existing file
-    without `overwrite` (its labels file: `_check_labels`, once the model's
-    class names are known)."""
+    """Refuses a wrong suffix, a folder that cannot be written or made (a
+    missing one is made by the export, and removed again if it fails), or an
+    existing file without `overwrite` (its labels file: `_check_labels`, once
+    the model's class names are known)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not path.endswith(FORMATS[fmt].suffix):
         raise ValueError(f"--output for --format={fmt} must end in {FORMATS[fmt].suffix}, got {path}")
-    if not os.path.isdir(directory):
-        raise ValueError(f"--output's directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
+    existing = directory
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--output's directory {directory} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--output's directory {directory} cannot be written (permissions or a read-only filesystem)")
     longest = os.path.basename(failed_path(path)) + ".check.json"  # the longest name an export writes there
-    if len(longest.encode()) > os.pathconf(directory, "PC_NAME_MAX"):
+    if len(longest.encode()) > os.pathconf(existing, "PC_NAME_MAX"):
         raise ValueError(f"--output's name is too long for its filesystem (the export writes {longest!r} beside it)")
     if os.path.exists(path) and not overwrite:
         raise ValueError(f"{path} exists; pass --overwrite to replace it")

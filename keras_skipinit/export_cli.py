@@ -22,12 +22,12 @@ from keras_skipinit import deploy, preprocessing as preprocessing_lib  # noqa: E
 
 USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 
-  keras-skipinit-export --source=runs/default --base_path=/tmp/serving --model_name=skipinit
+  keras-skipinit-export --source=runs/default --base_path=exports/serving --model_name=skipinit
   tensorflow_model_server --rest_api_port=8501 --model_name=skipinit \\
-      --model_base_path=/tmp/serving/skipinit
-  keras-skipinit-export --source=runs/default --format=litert --output=/tmp/skipinit.tflite
-  keras-skipinit-export --source=runs/default --format=litert --quantize=int8 --output=/tmp/skipinit_int8.tflite
-  keras-skipinit-export --source=runs/default --format=onnx --output=/tmp/skipinit.onnx
+      --model_base_path=$PWD/exports/serving/skipinit
+  keras-skipinit-export --source=runs/default --format=litert --output=exports/skipinit.tflite
+  keras-skipinit-export --source=runs/default --format=litert --quantize=int8 --output=exports/skipinit_int8.tflite
+  keras-skipinit-export --source=runs/default --format=onnx --output=exports/skipinit.onnx
 
 LiteRT and ONNX files take uint8 images [batch, H, W, C] and return
 probabilities [batch, classes]; each is run in its runtime on real images of

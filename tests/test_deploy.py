@@ -135,6 +135,9 @@ def test_a_file_is_checked_before_it_replaces_anything_and_nothing_half_made_is_
     with pytest.raises(KeyboardInterrupt):
         deploy.export_file(model, "litert", path, "standardize", overwrite=True)
     assert (open(path, "rb").read(), deploy.read_check(path)) == good
+    with pytest.raises(KeyboardInterrupt):  # a folder the export made (the README's exports/) goes with it
+        deploy.export_file(model, "litert", str(tmp_path / "new" / "folder" / "m.tflite"), "standardize")
+    assert not os.path.exists(tmp_path / "new")
 
     def another_export_meanwhile(model, fmt, staged, *args):
         open(str(tmp_path / "n.tflite"), "wb").write(b"theirs")
@@ -197,7 +200,7 @@ BAD_REQUESTS = [
     (["--output=X/m.tflite", "--base_path=X"], "--output: for --format=litert|onnx only"),
     (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),
-    (["--format=litert", "--output=X/missing/m.tflite"], "does not exist"),
+    (["--format=litert", "--output=X/exists.tflite/m.tflite"], "cannot be made: "),
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
     (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path: for --format=saved_model only"),
     # issue 46.3: flags that did nothing for the format, class names that are no file, a name the filesystem refuses

@@ -44,3 +44,12 @@ def test_the_train_commands_that_run_do_not_collide_in_one_model_dir():
         kept = ({k: v for k, v in flags.items() if k not in run_dir.REUSABLE_FLAGS}, env)
         by_dir.setdefault(model_dir, kept)
         assert by_dir[model_dir] == kept, f"{command!r} trains into {model_dir} with other flags than the README's first run there"
+
+
+def test_the_commands_that_run_write_inside_the_clone():
+    """CI's README run found /tmp/digits.tflite from an earlier run on the same machine ("exists; pass
+    --overwrite"): what the runnable commands write goes inside the clone, which each run makes afresh."""
+    for section, language, commands in readme_blocks.blocks(os.path.join(ROOT, "README.md")):
+        for command in commands:
+            if readme_blocks.classify(section, command)[1] is None:
+                assert not re.search(r"""(^|[\s="'])/(tmp|var|home)/""", command), command
