@@ -179,6 +179,19 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
     assert calls == []
 
 
+def test_a_rate_that_trains_above_a_failing_one_is_not_the_edge():
+    """The Fixup authors' recipe trained 3/3 at 2^-4, 1/3 at 2^-3, 2/3 at 2^-2, 0/3 at 2^-1: the code said
+    2^-2 where the docs' rule ("below the first failing one") says 2^-4. One rule: the edge stops at the
+    first failing rate above the smallest that trained; failures below that one do not end it."""
+    def rows(trained):
+        return [{"lr": 2.0**k, "mean": 0.5 if ok else None} for k, ok in trained.items()]
+
+    assert protocol.stability_edge(rows({-4: True, -3: False, -2: True, -1: False})) == (-4, None)
+    assert protocol.stability_edge(rows({-7: False, -6: True, -5: True, -4: False})) == (-5, None)
+    assert protocol.stability_edge(rows({-6: True, -5: True})) == (-5, -4)
+    assert protocol.stability_edge(rows({-3: False, -2: False})) == (None, -4)
+
+
 def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path, monkeypatch, capsys):
     """Issue 42.1's one table and plot across depths, when depth 1000 runs 2 of
     2 seeds in its own --out (--beside); a folder that is not an edge sweep is

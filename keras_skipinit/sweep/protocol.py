@@ -122,16 +122,22 @@ def stability_edge(rows):
     """A cell's stability edge and the rate that brackets it next:
     (edge, next) as log2 rates. `rows` are `summarize`'s with best_k = k, so
     a rate trained when at least k of its seeds beat chance without
-    diverging. The edge is the largest rate that trained; the search goes one
-    octave above it until a rate fails, or, while none trained, one octave
-    below the smallest tried, within the paper's 2^-10 .. 2^2 (next None:
-    bracketed, or at a bound)."""
+    diverging. The edge is the largest rate below the first failing one above
+    the smallest that trained (a rate that trains above a failing one is seed
+    noise at the edge, not a wider stable range); the search goes one octave
+    above it until a rate fails, or, while none trained, one octave below the
+    smallest tried, within the paper's 2^-10 .. 2^2 (next None: bracketed, or
+    at a bound)."""
     low, high = PAPER_LOG2_RANGE
     tried = sorted(round(math.log2(r["lr"])) for r in rows)
-    trained = [round(math.log2(r["lr"])) for r in rows if r["mean"] is not None]
+    trained = {round(math.log2(r["lr"])) for r in rows if r["mean"] is not None}
     if not trained:
         return None, (tried[0] - 1 if tried and tried[0] > low else None)
-    edge = max(trained)
+    edge = min(trained)
+    for rate in tried:
+        if rate > edge and rate not in trained:
+            break
+        edge = max(edge, rate)
     return edge, (edge + 1 if edge + 1 not in tried and edge < high else None)
 
 

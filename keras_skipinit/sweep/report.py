@@ -132,8 +132,9 @@ def edge_table(runs, args, beside=()):
     for key in args.methods:
         cells = [_edge_text(details[f"{key}/depth{d}"]) if f"{key}/depth{d}" in details else NOT_RUN for d in depths]
         lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
-    return (f"Stability edge: the largest learning rate at which {args.best_k} of {args.seeds} seeds trained (finite "
-            f"loss, accuracy above {100 * args.chance:g}%), {arch(args)}, batch {args.batch_sizes[0]}, {args.epochs} "
+    return (f"Stability edge: counting up from the smallest learning rate at which {args.best_k} of {args.seeds} seeds "
+            f"trained (finite loss, accuracy above {100 * args.chance:g}%), the last before the first at which fewer "
+            f"did; {arch(args)}, batch {args.batch_sizes[0]}, {args.epochs} "
             "epoch(s); in brackets the seeds that trained there and one octave above\n\n" + "\n".join(lines) + "\n",
             details, borrowed)
 
