@@ -25,7 +25,7 @@ from keras_skipinit import analysis
 depth, width, batch, normalization, steps, build_only, form, lr, fixed_batch = json.loads(sys.argv[1])
 start = time.perf_counter()
 model = apps.WideResNet(depth, width, input_shape=(28, 28, 1), normalization=normalization,
-                        loop_blocks=form != "unrolled", remat=form == "looped_remat")
+                        loop_blocks=form != "unrolled", remat=form == "looped_remat", seed=0)  # unseeded looped blocks were copies of one
 out = {"depth": depth, "form": form, "layers": len(model.layers), "params": model.count_params(),
        "build_s": time.perf_counter() - start}
 if not build_only:
