@@ -192,6 +192,52 @@ def test_a_rate_that_trains_above_a_failing_one_is_not_the_edge():
     assert protocol.stability_edge(rows({-3: False, -2: False})) == (None, -4)
 
 
+def test_wilson_intervals_and_the_half_rate_match_a_hand_computation():
+    """The 95% Wilson score interval (0/10: 0-27.8%, 5/10: 23.7-76.3%, 10/10: 72.2-100%) and the
+    rate where half train, linear in log2 rate between the grid points around the crossing."""
+    for (k, n), want in {(0, 10): (0.0, 0.2775), (5, 10): (0.2366, 0.7634), (10, 10): (0.7225, 1.0)}.items():
+        assert protocol.wilson(k, n) == pytest.approx(want, abs=1e-4)
+    x = [-5, -4.5, -4, -3.5, -3]
+    assert protocol.half_rate(x, [1, 1, 0.8, 0.2, 0]) == pytest.approx(-3.75)  # -4 + (0.8 - 0.5) / 0.6 * 0.5
+    assert protocol.half_rate(x, [0.2, 0.9, 0.6, 0.4, 0]) == pytest.approx(-3.75)  # slow at the bottom: from a half
+    assert protocol.half_rate(x, [1, 1, 1, 1, 0.5]) is None  # not on the grid
+
+
+def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(tmp_path, monkeypatch):
+    """The budget issue's survival curves: seven rates half an octave apart around the method's centre, every
+    seed of each; per rate the runs that trained by accuracy and by accuracy and loss (a run above chance whose
+    training loss stayed at ln 10 trained by accuracy only), Wilson intervals, and the half rate. Resumes."""
+    calls = []
+
+    def train(config):
+        k = math.log2(config.learning_rate)
+        calls.append((k, config.seed))
+        trains = k < -4 or (k == -4 and config.seed < 2)  # 2^-4: 2 of 4 seeds; above: none
+        diverged = k > -3
+        ce = 1.0 if trains and k < -4.5 else 2.25  # at 2^-4.5 and 2^-4 the loss stays near ln 10
+        return {"status": "diverged" if diverged else "completed",
+                "test_top1": None if diverged else (0.6 if trains else 0.1),
+                "train_cross_entropy": None if diverged else ce, "wall_time_s": 1.0, "chief": True,
+                "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    args = ["--protocol=survival", "--depths=10", "--methods=skipinit", "--seeds=4", "--best_k=1", "--log2_lrs=-4",
+            "--centre_log2_lrs=skipinit=-4", f"--out={tmp_path}"]
+    sweep.main(args)
+    assert sorted({k for k, _ in calls}) == [-5.5, -5, -4.5, -4, -3.5, -3, -2.5] and len(calls) == 28
+    table = (tmp_path / "table.md").read_text()
+    assert "| Survival | 10 | 2^-4.5 | 4/4 | 51-100% | 0/4 | 0-49% |".replace("Survival", "SkipInit (alpha = 0)") in table
+    assert "| SkipInit (alpha = 0) | 10 | 2^-4 | 2/4 | 15-85% | 0/4 | 0-49% |" in table
+    cell = json.loads((tmp_path / "summary.json").read_text())["cells"]["skipinit/depth10"]
+    assert cell["half_log2"][0] == pytest.approx(-4.0)  # 4/4 at 2^-4.5, 2/4 at 2^-4, 0/4 at 2^-3.5: half at 2^-4
+    assert cell["half_log2_by_loss"][0] == pytest.approx(-4.75)  # 4/4 at 2^-5, 0/4 at 2^-4.5
+    assert cell["half_log2"][1] < cell["half_log2"][0] < cell["half_log2"][2]
+    assert (tmp_path / "sweep.png").stat().st_size > 5000
+    calls.clear()
+    sweep.main(args)
+    assert calls == []
+
+
 def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path, monkeypatch, capsys):
     """Issue 42.1's one table and plot across depths, when depth 1000 runs 2 of
     2 seeds in its own --out (--beside); a folder that is not an edge sweep is

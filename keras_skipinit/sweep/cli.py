@@ -15,6 +15,14 @@ def _ints(text):
     return [int(v) for v in text.split(",")]
 
 
+def _halves(text):
+    """Integers or halves (-4.5): octaves and half octaves."""
+    values = [float(v) for v in text.split(",")]
+    if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
+        raise argparse.ArgumentTypeError(f"expected whole or half octaves (e.g. -6,-4.5), got {text!r}")
+    return [int(v) if v == int(v) else v for v in values]
+
+
 def _finite(text):
     """A float flag's value: NaN and infinity are refused (NaN passes every comparison after)."""
     value = float(text)
@@ -42,10 +50,13 @@ def build_parser():
     """The sweep's flags (their help is also answered from flag_tables.json, before Keras loads)."""
     parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
-    parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE),
+    parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE,
+                                               protocol.SURVIVAL),
                         default="table1", help="converged: choose each cell's lr on --validation_examples, then "
                         "--final_seeds runs; batch_scaling: the same over --batch_sizes; edge: each cell's largest "
-                        "log2 rate where --best_k of --seeds runs train, searched an octave at a time")
+                        "log2 rate where --best_k of --seeds runs train, searched an octave at a time; survival: "
+                        "per rate the fraction of --seeds runs that train, with 95%% intervals, and the rate where "
+                        "half train")
     parser.add_argument("--model", choices=MODELS, default="wrn",
                         help="architecture (train.py's --model); one model per --out")
     parser.add_argument("--depths", type=_ints, default=[16, 100])
@@ -58,7 +69,8 @@ def build_parser():
     parser.add_argument("--width", type=int, default=1, help="WRN widening factor (WRN only)")
     parser.add_argument("--methods", type=_names,
                         default=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"])
-    parser.add_argument("--log2_lrs", type=_ints, default=None, help="learning rates 2^k (e.g. -6,-4,-2)")
+    parser.add_argument("--log2_lrs", type=_halves, default=None,
+                        help="learning rates 2^k (e.g. -6,-4,-2; half octaves: -4.5)")
     parser.add_argument("--lrs", type=_floats, default=None, help="learning rates as values (e.g. 0.1)")
     parser.add_argument("--extend_grid", action=argparse.BooleanOptionalAction, default=False,
                         help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
@@ -67,6 +79,9 @@ def build_parser():
     parser.add_argument("--chance", type=_finite, default=0.11,
                         help="accuracy at or below this is a failed run (default: within 1 point of 10-class chance)")
     parser.add_argument("--chance_level", type=_finite, default=0.1, help="chance accuracy, drawn in the plots")
+    parser.add_argument("--classes", type=int, default=10,
+                        help="--protocol=survival: a run trained by loss ends below ln(classes) - 0.1 in training "
+                        "cross-entropy")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--schedule", default="cifar")
     parser.add_argument("--steps_per_epoch", type=int, default=None)
@@ -129,6 +144,10 @@ def parse_args(argv=None):
     if not all(2.0**-protocol.MAX_LOG2_LR <= lr <= 2.0**protocol.MAX_LOG2_LR for lr in args.lrs):
         parser.error(f"--lrs must lie in 2^-{protocol.MAX_LOG2_LR}..2^{protocol.MAX_LOG2_LR} (every rate is checked "
                      f"before the first run), got {args.lrs}")
+    if args.protocol == protocol.SURVIVAL and args.extend_grid:
+        parser.error("--protocol=survival runs its grid as given: no --extend_grid")
+    if args.classes < 2:
+        parser.error("--classes must be at least 2")
     if not 0 <= args.chance < 1 or not 0 <= args.chance_level < 1:
         parser.error("--chance and --chance_level are accuracies: from 0 to below 1")
     args.batch_sizes = args.batch_sizes or [args.batch_size]

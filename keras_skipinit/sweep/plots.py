@@ -178,6 +178,39 @@ def plot_edges(details, args, borrowed=None):
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
 
 
+def plot_survival(details, args):
+    """Per method and depth, the fraction of seeds that trained against the
+    log2 rate (by accuracy: filled; by accuracy and loss: open), with the
+    95% intervals as bars."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, key in enumerate(args.methods):
+        for j, depth in enumerate(args.depths):
+            cell = details.get(f"{key}/depth{depth}")
+            if cell is None:
+                continue
+            rows = cell["rates"]
+            x = np.array([math.log2(r["lr"]) for r in rows])
+            label = METHODS[key][0] + (f", depth {depth}" if len(args.depths) > 1 else "")
+            for trained, interval, marker, shift in (("trained", "interval", "o-", -0.03),
+                                                     ("trained_by_loss", "interval_by_loss", "s--", 0.03)):
+                fraction = np.array([r[trained] / r["runs"] for r in rows])
+                low, high = (np.array([r[interval][b] for r in rows]) for b in (0, 1))
+                ax.errorbar(x + shift, fraction, yerr=[np.maximum(fraction - low, 0), np.maximum(high - fraction, 0)], fmt=marker, capsize=2,
+                            color=f"C{i}", alpha=1.0 if j == 0 else 0.6, mfc="white" if shift > 0 else None,
+                            label=label if shift < 0 else None)
+    ax.axhline(0.5, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel("log2 learning rate")
+    ax.set_ylabel("fraction of seeds that trained")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{args.dataset}, {arch(args)}, batch {args.batch_sizes[0]}, {args.seeds} seeds a rate\n"
+                 "(filled: accuracy above chance; open: and training loss below ln(classes) - 0.1; 95% Wilson)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save_figure(fig, os.path.join(args.out, "sweep.png"))
+
+
 def plot_batch_scaling(details, args):
     """SkipInit Fig. 3: (a) test accuracy, (b) training cross-entropy of the
     final runs, (c) the rate chosen for accuracy and (d) the rate of lowest

@@ -93,6 +93,23 @@ def stability_edge_deep():
             "methods": ["skipinit", "batchnorm", "sqrt2", "fixup"], "checkpoint_steps": 10}
 
 
+def survival():
+    """Survival curves at depth 16 (WRN-16-1, skipinit_table1's 150-update
+    run): per learning rate, the fraction of 10 seeds that train, with 95%
+    Wilson intervals, by test accuracy and by training loss too, and the rate
+    where half train; seven rates half an octave apart around each method's
+    edge in docs/stability_edge. The factors go in folders of their own
+    (`--methods=skipinit --preprocessing=mean_std`, `--methods=fixup
+    --mixup_alpha=1 --l2=5e-5`).
+
+        python -m keras_skipinit.sweep --preset=survival --out=runs/survival
+
+    Not run here yet: about 210 runs of 10-40 s on 2 CPU cores (the
+    factors 140 more); its results will go to docs/ when it has run."""
+    return {**stability_edge(), "protocol": "survival", "depths": [16], "methods": ["skipinit", "fixup", "batchnorm"],
+            "seeds": 10, "best_k": 1, "centre_log2_lrs": dict(skipinit=-4, fixup=-3, batchnorm=2)}
+
+
 def fixup_fig3():
     """Fixup §4.1 Fig. 3: one epoch at lr 0.1 against depth (WRN-16/52/100-1,
     32,000 Fashion-MNIST images), 3 seeds, six methods.
@@ -221,6 +238,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, fixup_fig3, fixup_fig3_cifar_resnet,
+    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, survival, fixup_fig3, fixup_fig3_cifar_resnet,
     fixup_fig3_wrn_full_epoch, table1_converged_epochs, table1_converged, table1_converged_deep,
     batch_scaling_fashion_mnist, batch_scaling_cifar10, quantization_fashion_mnist)}

@@ -16,6 +16,9 @@ SELECT, FINAL = "select", "final"
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds
 EDGE = "edge"  # the largest rate that trains, per cell
+SURVIVAL = "survival"  # per rate, the fraction of seeds that train, with its interval
+LOSS_MARGIN = 0.1  # trained by loss: the final training cross-entropy below ln(classes) - this
+Z95 = 1.959964  # the standard normal's 97.5% quantile: two-sided 95% intervals
 MAX_LOG2_LR = 30  # a learning rate outside 2^-30..2^30 is a typing error (--log2_lrs=5000 overflowed)
 
 
@@ -25,7 +28,9 @@ def lr_key(lr):
 
 def lr_label(lr):
     log2 = math.log2(lr)  # tolerant: summaries key learning rates to 6 digits (`lr_key`)
-    return f"2^{int(round(log2))}" if abs(log2 - round(log2)) < 1e-5 else f"{lr:g}"
+    if abs(log2 - round(log2)) < 1e-5:
+        return f"2^{int(round(log2))}"
+    return f"2^{round(2 * log2) / 2:g}" if abs(2 * log2 - round(2 * log2)) < 1e-5 else f"{lr:g}"  # half octaves
 
 
 def ident(key, depth, batch, lr, seed, phase=SELECT):
@@ -141,13 +146,69 @@ def stability_edge(rows):
     return edge, (edge + 1 if edge + 1 not in tried and edge < high else None)
 
 
+def wilson(k, n, z=Z95):
+    """The Wilson score interval (Wilson 1927) of a fraction of k in n:
+    (low, high), 95% by default; sound at k = 0 or n, where the normal
+    approximation's is empty."""
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def survival(runs, chance, loss_limit):
+    """Per learning rate (ascending): of its runs, how many trained by
+    accuracy (completed, test accuracy above `chance`) and by accuracy and
+    loss (also a final training cross-entropy below `loss_limit`: a run whose
+    loss never left ln(classes) can beat chance on the class prior alone),
+    each with its Wilson interval."""
+    marks = {}
+    for run in runs:
+        accuracy = run["status"] == "completed" and run.get("test_top1") is not None and run["test_top1"] > chance
+        loss = run.get("train_cross_entropy")
+        both = accuracy and loss is not None and math.isfinite(loss) and loss < loss_limit
+        marks.setdefault(lr_key(run["lr"]), []).append((accuracy, both))
+    rows = []
+    for lr, found in sorted(marks.items()):
+        n, k, k_loss = len(found), sum(a for a, _ in found), sum(b for _, b in found)
+        rows.append({"lr": lr, "runs": n, "trained": k, "interval": list(wilson(k, n)),
+                     "trained_by_loss": k_loss, "interval_by_loss": list(wilson(k_loss, n))})
+    return rows
+
+
+def half_rate(log2_lrs, fractions):
+    """The log2 rate where `fractions` (one per rate, rates ascending) first
+    fall through 1/2 from a rate where at least half trained, linear in log2
+    rate between the two grid points; None where they never do on the grid."""
+    points = list(zip(log2_lrs, fractions))
+    for (x0, f0), (x1, f1) in zip(points, points[1:]):
+        if f0 >= 0.5 > f1:
+            return x0 + (f0 - 0.5) / (f0 - f1) * (x1 - x0)
+    return None
+
+
+def half_rates(rows, by_loss=False):
+    """`half_rate` of a cell's `survival` rows, and its interval: the same
+    crossing of the intervals' lower and upper bounds (a pointwise band
+    inverted, not an exact interval; None: beyond the grid's end)."""
+    x = [math.log2(r["lr"]) for r in rows]
+    trained, interval = ("trained_by_loss", "interval_by_loss") if by_loss else ("trained", "interval")
+    return (half_rate(x, [r[trained] / r["runs"] for r in rows]), half_rate(x, [r[interval][0] for r in rows]),
+            half_rate(x, [r[interval][1] for r in rows]))
+
+
 def base_lrs(settings, key, batch):
     """A cell's first grid: --lrs, or the octaves either side of the method's
-    --centre_log2_lrs entry, which is for --batch_size: a cell of batch size
+    --centre_log2_lrs entry (--protocol=survival: seven rates half an octave
+    apart around it), which is for --batch_size: a cell of batch size
     B is centred log2(B / batch_size) octaves higher (the optimal rate is
     proportional to the batch below the critical batch; SkipInit §3)."""
     if key in settings.centre_log2_lrs:
         centre = settings.centre_log2_lrs[key] + round(math.log2(batch / settings.batch_size))
+        if settings.protocol == SURVIVAL:  # half-octave steps, 1.5 octaves either side
+            return [2.0 ** (centre + k / 2) for k in range(-3, 4)]
         return [2.0**k for k in (centre - 1, centre, centre + 1)]
     return list(settings.lrs)
 

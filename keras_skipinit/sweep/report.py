@@ -11,8 +11,8 @@ from keras_skipinit import files
 from keras_skipinit.sweep import plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
-from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, SELECT, best_row, grid_edge, in_cell, lr_label,
-                                           run_ident, stability_edge, summarize)
+from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
+                                           half_rates, in_cell, lr_label, run_ident, stability_edge, summarize, survival)
 
 
 def protocol_batch(run):
@@ -221,6 +221,52 @@ def converged_table(runs, args):
     return "\n".join(lines), details
 
 
+def survival_table(runs, args):
+    """Per method, depth and rate: the fraction of seeds that trained, by
+    accuracy and by accuracy and training loss, with 95% Wilson intervals;
+    per cell the log2 rate where half train (`protocol.half_rates`)."""
+    limit = math.log(args.classes) - LOSS_MARGIN
+    lines = ["| method | depth | rate | trained (acc.) | 95% interval | trained (acc. and loss) | 95% interval |",
+             "|---|---|---|---|---|---|---|"]
+    halves = ["| method | depth | half train at (acc.) | 95% interval | half train at (acc. and loss) | 95% interval |",
+              "|---|---|---|---|---|---|"]
+    details = {}
+    for key in args.methods:
+        for depth in args.depths:
+            subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
+            if not subset:
+                continue
+            rows = survival(subset, args.chance, limit)
+            for r in rows:
+                lines.append(f"| {METHODS[key][0]} | {depth} | {lr_label(r['lr'])} | {r['trained']}/{r['runs']} | "
+                             f"{_percent(r['interval'])} | {r['trained_by_loss']}/{r['runs']} | "
+                             f"{_percent(r['interval_by_loss'])} |")
+            accuracy, loss = half_rates(rows), half_rates(rows, by_loss=True)
+            halves.append(f"| {METHODS[key][0]} | {depth} | {_log2(accuracy[0])} | {_span(accuracy)} | "
+                          f"{_log2(loss[0])} | {_span(loss)} |")
+            details[f"{key}/depth{depth}"] = {"rates": rows, "half_log2": list(accuracy), "half_log2_by_loss": list(loss)}
+    text = (f"Survival: per learning rate, the runs that trained of {args.seeds} seeds: by accuracy (finite loss, test "
+            f"accuracy above {100 * args.chance:g}%), and by accuracy and loss (also a final training cross-entropy "
+            f"below ln {args.classes} - {LOSS_MARGIN:g} = {limit:.3f}); 95% Wilson intervals; {arch(args)}, batch "
+            f"{args.batch_sizes[0]}, {args.epochs} epoch(s)\n\n" + "\n".join(lines) +
+            "\n\nThe log2 rate where half the seeds train (linear between grid points; its interval: the same "
+            "crossing of the intervals' bounds; beyond the grid: —)\n\n" + "\n".join(halves) + "\n")
+    return text, details
+
+
+def _percent(interval):
+    return f"{100 * interval[0]:.0f}-{100 * interval[1]:.0f}%"
+
+
+def _log2(value):
+    return "—" if value is None else f"2^{value:.2f}"
+
+
+def _span(half):
+    _, low, high = half
+    return f"{_log2(low)} .. {_log2(high)}"
+
+
 def _accuracies(runs, args):
     """Each run's evaluation accuracy, a failed (diverged) run counted at chance."""
     return [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in runs]
@@ -302,6 +348,9 @@ def report(runs, args):
     elif args.protocol == EDGE:
         text, details, borrowed = edge_table(runs, args, load_beside(args.beside, args))
         plots.plot_edges(details, args, borrowed)
+    elif args.protocol == SURVIVAL:
+        text, details = survival_table(runs, args)
+        plots.plot_survival(details, args)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args))
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
