@@ -41,12 +41,12 @@ int8 study: exports of a sweep's runs, python -m keras_skipinit.sweep.quantizati
 """
 
 from keras_skipinit.sweep.cli import main, parse_args
-from keras_skipinit.sweep.presets import METHODS, PRESETS
+from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 from keras_skipinit.sweep.protocol import grid_edge, lr_label, next_log2_lr, pending_runs, summarize
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.report import report
 from keras_skipinit.machine import resolve_precision
 from keras_skipinit.sweep.runner import run_sweep
 
-__all__ = ["METHODS", "PRESETS", "arch", "grid_edge", "lr_label", "main", "next_log2_lr", "parse_args",
+__all__ = ["METHOD_SETTINGS", "PRESETS", "arch", "grid_edge", "lr_label", "main", "next_log2_lr", "parse_args",
            "pending_runs", "report", "resolve_precision", "run_sweep", "summarize"]

@@ -8,7 +8,7 @@ import sys
 from keras_skipinit import _cli, preprocessing
 from keras_skipinit.applications import MODELS
 from keras_skipinit.sweep import log, protocol, report, runner
-from keras_skipinit.sweep.presets import METHODS, PRESETS
+from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
 
 def _ints(text):
@@ -151,9 +151,9 @@ def parse_args(argv=None):
     if not 0 <= args.chance < 1 or not 0 <= args.chance_level < 1:
         parser.error("--chance and --chance_level are accuracies: from 0 to below 1")
     args.batch_sizes = args.batch_sizes or [args.batch_size]
-    unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHODS]
+    unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHOD_SETTINGS]
     if unknown:
-        parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHODS)}")
+        parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHOD_SETTINGS)}")
     if not 1 <= args.best_k <= args.seeds:
         parser.error("--best_k must be between 1 and --seeds")
     if args.protocol in protocol.CHOOSING and not (args.validation_examples and args.final_seeds):

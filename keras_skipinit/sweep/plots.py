@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_skipinit import files
 from keras_skipinit.applications import registry
-from keras_skipinit.sweep.presets import METHODS
+from keras_skipinit.sweep.presets import METHOD_SETTINGS
 from keras_skipinit.sweep.protocol import PAPER_LOG2_RANGE, lr_label
 
 
@@ -55,7 +55,7 @@ def plot_table1(details, args, borrowed=None):
             color, rows = f"C{i}", cell["test_top1"]
             xs = [math.log2(r["lr"]) for r in rows]
             acc_ax.plot(xs, [100 * r["mean"] if r["mean"] is not None else np.nan for r in rows], "o-", color=color,
-                        label=METHODS[key][0])
+                        label=METHOD_SETTINGS[key][0])
             failed = [x + 0.06 * (i - len(args.methods) / 2) for x, r in zip(xs, rows) if r["mean"] is None]
             acc_ax.plot(failed, [100 * args.chance_level] * len(failed), "x", color=color, ms=7, mew=2)
             ce = cell["train_cross_entropy"]
@@ -72,7 +72,7 @@ def plot_table1(details, args, borrowed=None):
     axes[1][0].set_ylabel("training cross-entropy")
     from matplotlib.lines import Line2D  # every method, also those not (yet) drawn in the last column
 
-    handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHODS[key][0]) for i, key in enumerate(args.methods)]
+    handles = [Line2D([], [], color=f"C{i}", marker="o", label=METHOD_SETTINGS[key][0]) for i, key in enumerate(args.methods)]
     axes[0][-1].legend(handles=handles, fontsize=7)
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
 
@@ -97,7 +97,7 @@ def plot_curves(runs, args, split):
             values = 100 * np.array([c[:n] for c in curves])
             epochs = np.arange(1, n + 1)
             mean, std = values.mean(0), values.std(0)
-            ax.plot(epochs, mean, color=f"C{i}", label=f"{METHODS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+            ax.plot(epochs, mean, color=f"C{i}", label=f"{METHOD_SETTINGS[key][0]} ({len(curves)} seed{'s' * (len(curves) > 1)})")
             ax.fill_between(epochs, mean - std, mean + std, color=f"C{i}", alpha=0.2)
         ax.set_title(f"{arch(args, depth)}, {args.dataset}")
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -135,7 +135,7 @@ def plot_depth(details, args):
         if not points:
             continue
         ax.errorbar(xs, [100 * c["mean"] for _, c in points], yerr=[100 * c["std"] for _, c in points], marker="o",
-                    capsize=3, color=f"C{i}", label=METHODS[key][0])
+                    capsize=3, color=f"C{i}", label=METHOD_SETTINGS[key][0])
         for x, (_, c) in zip(xs, points):
             ax.scatter([x] * len(c["test_top1"]), [100 * (a if a is not None else args.chance_level) for a in c["test_top1"]],
                        s=8, color=f"C{i}", alpha=0.4)
@@ -162,7 +162,7 @@ def plot_edges(details, args, borrowed=None):
         if not points:
             continue
         ys = [c["edge_log2"] if c["edge_log2"] is not None else np.nan for _, c in points]
-        ax.plot(xs, ys, "o-", color=f"C{i}", label=METHODS[key][0])
+        ax.plot(xs, ys, "o-", color=f"C{i}", label=METHOD_SETTINGS[key][0])
         searching = [(x, y) for x, y, (_, c) in zip(xs, ys, points) if not c["bracketed"]]
         ax.plot([x for x, _ in searching], [y for _, y in searching], "o", color="white", ms=4)  # open: a lower bound
         none = [x for x, (_, c) in zip(xs, points) if c["edge_log2"] is None and c["bracketed"]]
@@ -191,7 +191,7 @@ def plot_survival(details, args):
                 continue
             rows = cell["rates"]
             x = np.array([math.log2(r["lr"]) for r in rows])
-            label = METHODS[key][0] + (f", depth {depth}" if len(args.depths) > 1 else "")
+            label = METHOD_SETTINGS[key][0] + (f", depth {depth}" if len(args.depths) > 1 else "")
             for trained, interval, marker, shift in (("trained", "interval", "o-", -0.03),
                                                      ("trained_by_loss", "interval_by_loss", "s--", 0.03)):
                 fraction = np.array([r[trained] / r["runs"] for r in rows])
@@ -226,7 +226,7 @@ def plot_batch_scaling(details, args):
         cells = [details[f"{key}/batch{b}"] for b in args.batch_sizes if f"{key}/batch{b}" in details]
         if not cells:
             continue
-        color, label = f"C{i}", METHODS[key][0]
+        color, label = f"C{i}", METHOD_SETTINGS[key][0]
         shift = 2 ** (0.04 * (i - len(args.methods) / 2))  # methods side by side at one batch size
         done = [c for c in cells if c["mean"] is not None]
         acc_ax.errorbar([c["batch_size"] * shift for c in done], [100 * c["mean"] for c in done],

@@ -1,8 +1,9 @@
 """The experiments the sweep reproduces, as data (big_vision's configs):
 each preset is a function whose docstring gives its command, its budget and
 the doc its results feed, returning the settings it fixes; flags given on
-the command line override them. METHODS names each method a sweep can run:
-every `normalization.METHODS` entry and a few variants."""
+the command line override them. METHOD_SETTINGS names the settings of a
+method a sweep can run (its --methods): every `normalization.METHODS` entry
+under its own name, and a few named settings of them (SkipInit's alpha = 1)."""
 
 from keras_skipinit import normalization as norm_lib
 
@@ -13,7 +14,7 @@ def _method(name, title=None, **overrides):
 
 
 # Every method under its own name (SkipInit with alpha_init recorded), then variants.
-METHODS = {
+METHOD_SETTINGS = {
     **{name: _method(name) for name in norm_lib.METHODS},
     "skipinit": _method("skipinit", alpha_init="zero"),
     "skipinit_one": _method("skipinit", "SkipInit (alpha = 1)", alpha_init="one"),

@@ -110,7 +110,7 @@ def _mean_std(values, scale=100.0, digits=2):
 def table(records):
     """Markdown: per method, the Keras float accuracy, then each file's
     accuracy, its change against the Keras model of the same run, and its size."""
-    from keras_skipinit.sweep.presets import METHODS
+    from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
     methods = list(dict.fromkeys(r["method"] for r in records))
     variants = [variant_name(f, q) for f, q in VARIANTS]
@@ -131,7 +131,7 @@ def table(records):
             change = _mean_std([r["file_top1"] - r["keras_top1"] for r in got])
             cells.append(f"{_mean_std([r['file_top1'] for r in got])} ({change}); {got[0]['bytes'] / 1024:.0f} KB"
                          + ("" if len(got) == len(seeds) else f"; {len(got)} of {len(seeds)} seeds"))
-        lines.append(f"| {METHODS[method][0]} | {len(seeds)} | {_mean_std(keras_top1)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {METHOD_SETTINGS[method][0]} | {len(seeds)} | {_mean_std(keras_top1)} | " + " | ".join(cells) + " |")
     failed = [r for r in records if r["status"] != "checked"]
     if failed:
         lines += ["", "Float files beyond the tolerance: " + ", ".join(f"{r['run']} {r['variant']}" for r in failed)]

@@ -10,7 +10,7 @@ import numpy as np
 from keras_skipinit import files
 from keras_skipinit.sweep import plots
 from keras_skipinit.sweep.plots import arch
-from keras_skipinit.sweep.presets import METHODS, PAPER_TABLE1
+from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
                                            half_rates, in_cell, lr_label, run_ident, stability_edge, summarize, survival)
 
@@ -66,12 +66,12 @@ def table1_tables(runs, args, beside=()):
             ces.append(_cell(best_ce, lambda v: f"{v:.3f}"))
             tried = sorted(r["lr"] for r in rows)
             grid.append(
-                f"| {METHODS[key][0]} | {depth} | {lr_label(tried[0])} .. {lr_label(tried[-1])} ({len(tried)}) | "
+                f"| {METHOD_SETTINGS[key][0]} | {depth} | {lr_label(tried[0])} .. {lr_label(tried[-1])} ({len(tried)}) | "
                 f"{lr_label(best['lr']) if best else '—'} | {cell['optimum']} | "
                 f"{sum(r['failed'] for r in rows)} / {sum(r['runs'] for r in rows)} |"
             )
-        acc_lines.append(f"| {METHODS[key][0]} | " + " | ".join(accs) + " |")
-        ce_lines.append(f"| {METHODS[key][0]} | " + " | ".join(ces) + " |")
+        acc_lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(accs) + " |")
+        ce_lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(ces) + " |")
     return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details, borrowed
 
 
@@ -107,7 +107,7 @@ def depth_table(runs, args):
             details[f"{key}/depth{depth}"] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)),
                                               "trained": trained, "diverged": diverged, "runs": len(subset),
                                               "test_top1": [r["test_top1"] for r in subset]}
-        lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines), details
 
 
@@ -131,7 +131,7 @@ def edge_table(runs, args, beside=()):
     lines = ["| method | " + " | ".join(columns[d] for d in depths) + " |", "|---|" + "---|" * len(depths)]
     for key in args.methods:
         cells = [_edge_text(details[f"{key}/depth{d}"]) if f"{key}/depth{d}" in details else NOT_RUN for d in depths]
-        lines.append(f"| {METHODS[key][0]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(cells) + " |")
     return (f"Stability edge: counting up from the smallest learning rate at which {args.best_k} of {args.seeds} seeds "
             f"trained (finite loss, accuracy above {100 * args.chance:g}%), the last before the first at which fewer "
             f"did; {arch(args)}, batch {args.batch_sizes[0]}, {args.epochs} "
@@ -211,7 +211,7 @@ def converged_table(runs, args):
                 chosen = f"{lr_label(final[0]['lr'])} (given, --chosen_log2_lrs)"
             else:
                 chosen = _chosen(best, rows)
-            lines.append(f"| {METHODS[key][0]} | {depth} | {chosen} | {test} | "
+            lines.append(f"| {METHOD_SETTINGS[key][0]} | {depth} | {chosen} | {test} | "
                          f"{'—' if paper is None else f'{paper:.1f}'} | "
                          f"{_precisions(selection) or '—'}; {_precisions(final) or '—'} |")
             details[f"{key}/depth{depth}"] = {"validation_top1": rows, "lr": final[0]["lr"] if final else best and best["lr"],
@@ -238,11 +238,11 @@ def survival_table(runs, args):
                 continue
             rows = survival(subset, args.chance, limit)
             for r in rows:
-                lines.append(f"| {METHODS[key][0]} | {depth} | {lr_label(r['lr'])} | {r['trained']}/{r['runs']} | "
+                lines.append(f"| {METHOD_SETTINGS[key][0]} | {depth} | {lr_label(r['lr'])} | {r['trained']}/{r['runs']} | "
                              f"{_percent(r['interval'])} | {r['trained_by_loss']}/{r['runs']} | "
                              f"{_percent(r['interval_by_loss'])} |")
             accuracy, loss = half_rates(rows), half_rates(rows, by_loss=True)
-            halves.append(f"| {METHODS[key][0]} | {depth} | {_log2(accuracy[0])} | {_span(accuracy)} | "
+            halves.append(f"| {METHOD_SETTINGS[key][0]} | {depth} | {_log2(accuracy[0])} | {_span(accuracy)} | "
                           f"{_log2(loss[0])} | {_span(loss)} |")
             details[f"{key}/depth{depth}"] = {"rates": rows, "half_log2": list(accuracy), "half_log2_by_loss": list(loss)}
     text = (f"Survival: per learning rate, the runs that trained of {args.seeds} seeds: by accuracy (finite loss, test "
@@ -314,7 +314,7 @@ def batch_scaling_table(runs, args):
             ces = [r["train_cross_entropy"] for r in final if r["status"] == "completed"]
             micro = (selection or final)[0].get("accumulation_steps", 1)
             lines.append(
-                f"| {METHODS[key][0]} | {batch} ({batch // micro} x {micro}) | {_chosen(best, rows)} | "
+                f"| {METHOD_SETTINGS[key][0]} | {batch} ({batch // micro} x {micro}) | {_chosen(best, rows)} | "
                 f"{', '.join(lr_label(lr) for lr in failed) or '—'} | "
                 + (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({len(final)} seeds)" if final else NOT_RUN)
                 + " | " + (f"{np.mean(ces):.3f} ± {np.std(ces):.3f}" if ces else NOT_RUN)

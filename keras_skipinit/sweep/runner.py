@@ -11,7 +11,7 @@ import time
 from keras_skipinit import executors, normalization as norm_lib
 from keras_skipinit import machine as machine_lib
 from keras_skipinit.sweep import log, protocol
-from keras_skipinit.sweep.presets import METHODS
+from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
 # The training.Config fields that make two sweeps different experiments (the method, depth, batch,
 # rate and seed are a run's ident). Not: speed settings, paths, and --mixed_precision=auto, which
@@ -24,7 +24,7 @@ def config(settings, run):
     from keras_skipinit import training
 
     key, depth, batch, lr, seed, phase = run
-    overrides = dict(METHODS[key][1])
+    overrides = dict(METHOD_SETTINGS[key][1])
     for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
         flag = norm_lib.OPTIONS[option].flag
         if getattr(settings, flag, None) is not None:
@@ -54,7 +54,7 @@ def check_same_experiment(settings, done, path):
     settings must be those this sweep would give it."""
     for run_id, run in done.items():
         recorded = (run.get("results") or {}).get("config") or {}
-        if run_id[0] not in METHODS:
+        if run_id[0] not in METHOD_SETTINGS:
             raise ValueError(f"{path} holds runs of method {run_id[0]!r}, which this version does not know")
         wanted = dataclasses.asdict(config(settings, run_id))
         differ = [f"{k} {recorded[k]!r} there, {wanted[k]!r} here" for k in protocol.EXPERIMENT
