@@ -11,6 +11,7 @@ but those. A user's own TF_CPP_MIN_LOG_LEVEL wins: then nothing is
 filtered.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -132,6 +133,26 @@ def is_noise(line):
     return bool(_NOISE.match(line))
 
 
+@contextlib.contextmanager
+def filtered_stderr(drop):
+    """Runs the block with file descriptor 2 (C++ output too) captured, then
+    writes back every line for which `drop(line)` is false."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(True) if not drop(line)]
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+
+
 def quiet_start():
     """Imports Keras and TensorFlow (on JAX too, where installed) and its
     device list, with TensorFlow's start-up lines filtered from stderr (unless
@@ -140,24 +161,12 @@ def quiet_start():
         return
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     os.environ[LOG_LEVEL_SET_ENV] = "1"  # not the user's: child processes (Ray workers) filter for themselves
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import keras
+    with filtered_stderr(is_noise):
+        import keras
 
-            # On JAX too: our commands read data with tf.data. (Not jax.devices(): it would start
-            # JAX's runtime before jax.distributed.initialize, which must come first.)
-            if keras.backend.backend() == "tensorflow" or installed("tensorflow"):
-                import tensorflow as tf
+        # On JAX too: our commands read data with tf.data. (Not jax.devices(): it would start
+        # JAX's runtime before jax.distributed.initialize, which must come first.)
+        if keras.backend.backend() == "tensorflow" or installed("tensorflow"):
+            import tensorflow as tf
 
-                tf.config.list_physical_devices("GPU")  # cuInit's line comes here, not on import
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(True) if not is_noise(line)]
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
+            tf.config.list_physical_devices("GPU")  # cuInit's line comes here, not on import

@@ -25,13 +25,10 @@ probability; a quantized export reports its accuracy beside the float model's
 instead. The optional packages: ``pip install -e ".[export]"``.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import sys
-import tempfile
 
 import keras
 import numpy as np
@@ -93,24 +90,9 @@ CONVERTER_NOISE = ("fully_quantize:",)
 RUNTIME_NOISE = ("INFO: Created TensorFlow Lite XNNPACK delegate",)
 
 
-@contextlib.contextmanager
 def _filtered_stderr(noise):
-    """Runs the block with file descriptor 2 (C++ output too) captured, then
-    writes back every line that does not start with one of `noise`."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-                    if not line.startswith(noise)]
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
+    """The block's fd-2 output (C++ too) without the lines that start with one of `noise`."""
+    return _startup.filtered_stderr(lambda line: line.startswith(noise))
 
 
 def _litert_bytes(serve, spec, saved_model, quantize, calibration, labels):
