@@ -1,4 +1,4 @@
-"""Help and flag refusals before Keras loads TensorFlow (issue 46.7).
+"""Help and flag refusals before Keras loads TensorFlow.
 
 `import keras` loads TensorFlow: 7 s on an idle machine, over a minute under
 load, before absl could print --help or refuse `--depth=abc`. Each command's

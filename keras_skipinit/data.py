@@ -31,7 +31,7 @@ from keras_skipinit import _startup, digits, numpy_data, preprocessing, tfds_pre
 
 EMBEDDED = "mnist_embedded"
 # `<dataset>_rgb32`: a 28x28 gray dataset as the papers' CIFAR input (32x32x3): each image zero-padded by 2
-# pixels and its channel repeated (e.g. fashion_mnist_rgb32; issue 42's factor study).
+# pixels and its channel repeated (e.g. fashion_mnist_rgb32).
 RGB32 = "_rgb32"
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 

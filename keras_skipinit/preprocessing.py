@@ -31,7 +31,7 @@ CIFAR_PAD = 4
 CIFAR_MAX_SIZE = 64  # larger images are ImageNet-style
 STANDARDIZE, IMAGENET, MEAN_STD = "standardize", "imagenet", "mean_std"
 # Per-channel mean and std of the pixels (0-255) of a dataset's whole training split: the statistics of its
-# '<dataset>_mean_std' entry (the papers' CIFAR normalization; issue 42's factor study). A dataset gets the
+# '<dataset>_mean_std' entry (the papers' CIFAR normalization). A dataset gets the
 # choice by a line here (tests recompute each from the data where it is at hand).
 CHANNEL_STATS = {
     "fashion_mnist": ((72.94,), (90.02,)),  # 60,000 images

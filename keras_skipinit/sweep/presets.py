@@ -49,7 +49,7 @@ def skipinit_table1():
 
 
 def skipinit_table1_deep():
-    """Table 1's deep row (issue 42.4): WRN-1000-1 (unrolled), 2 seeds per
+    """Table 1's deep row: WRN-1000-1 (unrolled), 2 seeds per
     rate, best 2 of 2 (the budget's cut); each grid starts at the octaves
     around the method's depth-1000 stability edge, so the stability_edge
     sweep's depth-1000 runs count (copy its runs.jsonl lines), then extends

@@ -57,7 +57,9 @@ def in_cell(runs, cell, phase=None):
 
 
 # The training settings that make runs one experiment: one --out holds runs that agree on them
-# (runner.check_same_experiment), and a --beside folder is shown only if its sweep does.
+# (runner.check_same_experiment), and a --beside folder is shown only if its sweep does. The method,
+# depth, batch, rate and seed are a run's ident; speed settings, paths and --mixed_precision=auto (which
+# differs by machine on purpose) are not the experiment.
 EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
               "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
               "mixup_alpha", "preprocessing")

@@ -13,9 +13,7 @@ from keras_skipinit import machine as machine_lib
 from keras_skipinit.sweep import log, protocol
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
-# The training.Config fields that make two sweeps different experiments (the method, depth, batch,
-# rate and seed are a run's ident). Not: speed settings, paths, and --mixed_precision=auto, which
-# differs by machine on purpose.
+
 def config(settings, run):
     """A run's training.Config. Runs that choose the learning rate evaluate on
     --validation_examples held out of the training set; final runs train on
