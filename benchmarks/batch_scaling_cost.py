@@ -27,7 +27,7 @@ def measure(preset_argv, key, batch, warmup, steps):
     """In this process: seconds per micro-step and per evaluated image."""
     import keras
 
-    from keras_skipinit import data as data_lib, training
+    from keras_skipinit import data as data_lib, pipelines, training
     from keras_skipinit.sweep import cli, protocol, runner
 
     settings = cli.parse_args(preset_argv)
@@ -47,9 +47,9 @@ def measure(preset_argv, key, batch, warmup, steps):
         def on_train_end(self, logs=None):
             stamps["end"] = time.perf_counter()
 
-    train_ds = data_lib.train_pipeline(dataset, micro, 0, 0, num_batches=warmup + steps)
+    train_ds = pipelines.train_pipeline(dataset, micro, 0, 0, num_batches=warmup + steps)
     model.fit(train_ds, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[Clock()])
-    eval_ds = data_lib.eval_pipeline(dataset, micro)
+    eval_ds = pipelines.eval_pipeline(dataset, micro)
     model.evaluate(eval_ds, verbose=0)  # compiled once
     start = time.perf_counter()
     model.evaluate(eval_ds, verbose=0)

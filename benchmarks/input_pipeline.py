@@ -1,5 +1,5 @@
 """Training img/s on JAX fed by the NumPy pipeline (`numpy_data`, no
-TensorFlow) against tf.data (`data.train_pipeline`), through `fit`.
+TensorFlow) against tf.data (`pipelines.train_pipeline`), through `fit`.
 
 WRN-16-1 (BatchNorm) compiled as train.py compiles it, batch 128, on the 60,000
 Fashion-MNIST training images (Debian's dataset-fashion-mnist; the embedded
@@ -41,11 +41,11 @@ def _feed(feed, images, labels, batch, epoch, steps):
         return numpy_data.train_batches(images, labels, 10, batch, epoch, flip=True, num_batches=steps)
     import tensorflow as tf
 
-    from keras_skipinit import data
+    from keras_skipinit import data, pipelines
 
     dataset = data.Dataset("bench", tf.data.Dataset.from_tensor_slices((images, labels)), None, len(images), 0, 10,
                            images.shape[1:], "standardize", flip=True)
-    return data.train_pipeline(dataset, batch, epoch, num_batches=steps)  # as train.py gives fit on JAX
+    return pipelines.train_pipeline(dataset, batch, epoch, num_batches=steps)  # as train.py gives fit on JAX
 
 
 def measure(feed, data_name, batch, steps, manual_dir=None):

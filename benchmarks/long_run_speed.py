@@ -1,7 +1,7 @@
 """Training img/s of the settings a long CPU run can choose (issue 19, part 1).
 
 WRN-n-1 on Fashion-MNIST (28x28x1) at batch 128 (--batch_size), through the real input
-pipeline (`data.train_pipeline`: augmentation on tf.data) and the model,
+pipeline (`pipelines.train_pipeline`: augmentation on tf.data) and the model,
 optimizer, L2 and metrics exactly as `train.py` compiles them
 (`training.compiled_model`), timed with Keras' `fit` over steady-state
 steps. Each setting runs in a fresh process (the dtype policy and thread
@@ -38,7 +38,7 @@ def measure(depth, normalization, precision, xla, warmup, steps, batch_size=128)
     """In this process: seconds per training step after `warmup` steps."""
     import keras
 
-    from keras_skipinit import data as data_lib, training
+    from keras_skipinit import data as data_lib, pipelines, training
 
     config = training.Config(depth=depth, width=1, normalization=normalization, batch_size=batch_size,
                              mixed_precision=precision, xla=xla, dataset="fashion_mnist", epochs=10)
@@ -59,7 +59,7 @@ def measure(depth, normalization, precision, xla, warmup, steps, batch_size=128)
             stamps["end"] = time.perf_counter()
 
     start = time.perf_counter()
-    train_ds = data_lib.train_pipeline(dataset, config.batch_size, 0, 0, num_batches=warmup + steps)
+    train_ds = pipelines.train_pipeline(dataset, config.batch_size, 0, 0, num_batches=warmup + steps)
     model.fit(train_ds, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[Clock()])
     return {"step_s": (stamps["end"] - stamps["warm"]) / steps, "first_step_s": stamps["first"] - start}
 

@@ -3,7 +3,7 @@
 JAX without TensorFlow reads an ImageNet-style TFDS dataset prepared as
 array_record batch by batch (`numpy_data.Records`: PIL decodes, NumPy crops
 and resizes); where TensorFlow is installed, tf.data's pipeline
-(`data.train_pipeline`) reads it instead. This measures both on the same
+(`pipelines.train_pipeline`) reads it instead. This measures both on the same
 synthetic photographs (smooth random fields plus noise, JPEG, 500x375 and
 375x500, ImageNet's commonest sizes): random-resized crop to 224, flip,
 per-channel normalization, batch 64, one pass per round; the NumPy feed
@@ -24,7 +24,7 @@ import time
 import _common
 import numpy as np
 
-from keras_skipinit import data, numpy_data, tfds_prepare
+from keras_skipinit import data, numpy_data, pipelines, tfds_prepare
 
 BATCH = 64
 
@@ -92,12 +92,12 @@ def main():
             pass
 
     def tf_data(epoch):
-        for _ in data.train_pipeline(dataset, BATCH, epoch).as_numpy_iterator():
+        for _ in pipelines.train_pipeline(dataset, BATCH, epoch).as_numpy_iterator():
             pass
 
     feeds = {"NumPy (Records), in order": in_order,
              f"NumPy (Records), as fit reads it ({numpy_data._workers(None)} threads)": as_fit_reads,
-             "tf.data (data.train_pipeline)": tf_data}
+             "tf.data (pipelines.train_pipeline)": tf_data}
     seconds = {name: [] for name in feeds}
     for r in range(args.rounds):
         for name, feed in feeds.items():
@@ -105,7 +105,7 @@ def main():
             feed(r)
             seconds[name].append(time.perf_counter() - start)
             print(f"round {r + 1} {name}: {args.images // BATCH * BATCH / seconds[name][-1]:.0f} img/s", flush=True)
-    base = args.images // BATCH * BATCH / statistics.median(seconds["tf.data (data.train_pipeline)"])
+    base = args.images // BATCH * BATCH / statistics.median(seconds["tf.data (pipelines.train_pipeline)"])
     print(f"\n| feed ({args.images} JPEG photos, 224 crops, batch {BATCH}) | img/s | vs tf.data |\n|---|---|---|")
     results = []
     for name in feeds:

@@ -16,7 +16,7 @@ import time
 import _common
 import keras
 
-from keras_skipinit import data, training
+from keras_skipinit import data, pipelines, training
 
 
 def measure(depth, args, dataset):
@@ -29,7 +29,7 @@ def measure(depth, args, dataset):
     training.add_l2(model, config.l2)
     model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.01, momentum=0.9),
                   loss=keras.losses.CategoricalCrossentropy(), metrics=[keras.metrics.CategoricalAccuracy()])
-    batches = iter(data.train_pipeline(dataset, args.batch_size, epoch=0))
+    batches = iter(pipelines.train_pipeline(dataset, args.batch_size, epoch=0))
     x, y = next(batches)
     start = time.perf_counter()
     model.train_on_batch(x, y)
@@ -42,7 +42,7 @@ def measure(depth, args, dataset):
         times.append(time.perf_counter() - start)
     step = statistics.median(times)
     start = time.perf_counter()
-    model.evaluate(data.eval_pipeline(dataset, args.batch_size), verbose=0)
+    model.evaluate(pipelines.eval_pipeline(dataset, args.batch_size), verbose=0)
     evaluation = time.perf_counter() - start
     return {"depth": depth, "build_s": build, "first_step_s": first, "train_img_per_s": args.batch_size / step,
             "eval_s": evaluation, "num_test": dataset.num_test}

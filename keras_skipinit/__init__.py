@@ -30,7 +30,7 @@ from keras_skipinit import applications, layers, looped, lsuv, normalization, op
 from keras_skipinit.layers import FixupBias, GhostBatchNormalization, SkipInitScale
 
 __version__ = "0.1.0"
-TENSORFLOW_MODULES = ("data", "run_dir", "serving", "sweep", "tfds_prepare", "training", "train_cli", "export_cli")
+TENSORFLOW_MODULES = ("data", "pipelines", "run_dir", "serving", "sweep", "tfds_prepare", "training", "train_cli", "export_cli")
 __all__ = [
     "analysis", "applications", "layers", "looped", "lsuv", "normalization", "optimizers", "schedules",
     *TENSORFLOW_MODULES, "FixupBias", "GhostBatchNormalization", "SkipInitScale",

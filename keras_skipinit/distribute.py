@@ -319,7 +319,7 @@ def pads_evaluation(strategy):
     several JAX processes Keras splits each batch between them
     (`DataParallel.distribute_dataset`), so a last, partial batch goes to
     some processes only, and the others wait for it forever. Training then
-    pads it with examples of weight 0 (`data.eval_pipeline`)."""
+    pads it with examples of weight 0 (`pipelines.eval_pipeline`)."""
     return isinstance(strategy, JaxDataParallel) and strategy.processes > 1
 
 

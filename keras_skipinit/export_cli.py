@@ -167,7 +167,7 @@ def _data():
 
 
 def _export_file(model, preprocessing, source, labels):
-    from keras_skipinit import data as data_lib
+    from keras_skipinit import pipelines
 
     print(f"Converting {source} to {F.format}{' ' + F.quantize if F.quantize else ''} and checking the file on "
           f"{F.check_images} images in its runtime (10-30 s)...", flush=True)
@@ -175,11 +175,11 @@ def _export_file(model, preprocessing, source, labels):
     if dataset.num_classes != model.output_shape[-1]:
         raise ValueError(f"{dataset.name} has {dataset.num_classes} classes, the model {model.output_shape[-1]}: "
                          "pass --dataset with the model's classes for the check images")
-    images, answers = data_lib.sample_images(dataset, "eval", F.check_images, preprocessing)
+    images, answers = pipelines.sample_images(dataset, "eval", F.check_images, preprocessing)
     deploy.check_images_fit(model, images, dataset.name)
     calibration = None
     if F.quantize == "int8":
-        calibration, _ = data_lib.sample_images(dataset, "train", F.calibration_images, preprocessing)
+        calibration, _ = pipelines.sample_images(dataset, "train", F.calibration_images, preprocessing)
     try:
         path = deploy.export_file(model, F.format, F.output, preprocessing, quantize=F.quantize,
                                   calibration=calibration, labels=labels, overwrite=F.overwrite,

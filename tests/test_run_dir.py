@@ -173,7 +173,7 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
     def killed(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(training.data_lib, "eval_pipeline", killed)  # killed once its model_spec.json is written
+    monkeypatch.setattr(training.pipelines, "eval_pipeline", killed)  # killed once its model_spec.json is written
     with pytest.raises(Killed):
         training.train(config)
     monkeypatch.undo()

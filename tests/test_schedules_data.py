@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_skipinit import data, digits, preprocessing, schedules
+from keras_skipinit import data, digits, pipelines, preprocessing, schedules
 
 # --- schedules ---------------------------------------------------------------------
 
@@ -81,7 +81,7 @@ def test_cifar_augmentation_is_a_crop_of_the_padded_standardized_image():
     padded = np.pad(standardized, ((4, 4), (4, 4), (0, 0)))
     seen_flip = seen_shift = False
     for index in range(20):
-        key = data._element_seed(0, 0, index)
+        key = pipelines._element_seed(0, 0, index)
         out = preprocessing.get("standardize").train(image, key, flip=True).numpy()
         assert out.shape == (32, 32, 3)
         matches = [
@@ -105,14 +105,14 @@ def test_no_flip_for_digits():
     image = tf.constant(np.arange(28 * 28).reshape(28, 28, 1) % 255, tf.uint8)
     standardized = tf.image.per_image_standardization(image).numpy()
     for index in range(10):
-        out = preprocessing.get("standardize").train(image, data._element_seed(1, 0, index), flip=False).numpy()
+        out = preprocessing.get("standardize").train(image, pipelines._element_seed(1, 0, index), flip=False).numpy()
         padded = np.pad(standardized, ((4, 4), (4, 4), (0, 0)))
         assert any(np.allclose(out, padded[dy : dy + 28, dx : dx + 28]) for dy in range(9) for dx in range(9))
 
 
 def test_imagenet_preprocessing_shapes_and_center_crop():
     image = tf.constant(np.random.default_rng(0).integers(0, 255, (300, 400, 3)), tf.uint8)
-    train = preprocessing.get("imagenet").train(image, data._element_seed(0, 0, 0), True)
+    train = preprocessing.get("imagenet").train(image, pipelines._element_seed(0, 0, 0), True)
     assert train.shape == (224, 224, 3)
     evaluated = preprocessing.get("imagenet").eval(image).numpy()
     assert evaluated.shape == (224, 224, 3)
@@ -147,7 +147,7 @@ def test_mean_std_preprocessing_normalizes_by_the_datasets_statistics_in_every_f
     np.testing.assert_allclose(numpy_data.eval_batches(images, np.arange(4), 10, 4, prep=prep.name)[0][0], want,
                                rtol=1e-5, atol=1e-6)
     padded = np.pad(want, ((0, 0), (4, 4), (4, 4), (0, 0)))
-    out = prep.train(tf.constant(images[0]), data._element_seed(0, 0, 3), flip=False).numpy()
+    out = prep.train(tf.constant(images[0]), pipelines._element_seed(0, 0, 3), flip=False).numpy()
     assert _crop_of(out, padded[0], 28)
     order = numpy_data.EpochOrder(4, 4, epoch=0)
     fed, _ = numpy_data.train_batch(images, np.arange(4), 10, order, 0, 0, flip=False, prep=prep.name)
@@ -187,7 +187,7 @@ def test_a_run_chooses_its_preprocessing_in_one_line():
 def test_mixup_is_a_convex_combination_with_reversed_batch():
     images = tf.constant(np.random.default_rng(0).normal(size=(4, 2, 2, 1)), tf.float32)
     labels = tf.one_hot([0, 1, 2, 3], 4)
-    mixed, mixed_labels = data.mixup(images, labels, data._element_seed(0, 0, 0), alpha=0.7)
+    mixed, mixed_labels = pipelines.mixup(images, labels, pipelines._element_seed(0, 0, 0), alpha=0.7)
     lam = float(mixed_labels[0, 0])
     assert 0 <= lam <= 1
     np.testing.assert_allclose(mixed, lam * images + (1 - lam) * images[::-1], atol=1e-6)
@@ -223,10 +223,10 @@ def test_embedded_mnist_split_is_fixed_stratified_and_disjoint():
 
 def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
     ds = data.load(data.EMBEDDED)
-    a = list(data.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
-    b = list(data.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
-    c = list(data.train_pipeline(ds, 32, epoch=4, seed=1).take(1))
-    skipped = list(data.train_pipeline(ds, 32, epoch=3, seed=1, skip_batches=2).take(2))
+    a = list(pipelines.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
+    b = list(pipelines.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
+    c = list(pipelines.train_pipeline(ds, 32, epoch=4, seed=1).take(1))
+    skipped = list(pipelines.train_pipeline(ds, 32, epoch=3, seed=1, skip_batches=2).take(2))
     for (xa, ya), (xb, yb) in zip(a, b):
         np.testing.assert_array_equal(xa, xb)
     np.testing.assert_array_equal(skipped[0][0], a[2][0])
@@ -236,13 +236,13 @@ def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
 
 def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
     ds = data.load(data.EMBEDDED, train_examples=100)
-    plain = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1)]
-    longer = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7)]
+    plain = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1)]
+    longer = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7)]
     assert len(plain) == 3 and len(longer) == 7
     for a, b in zip(plain, longer):  # the first pass is the plain epoch
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(longer[3], plain[0])  # later passes: new order, new crops
-    resumed = [x.numpy() for x, _ in data.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7, skip_batches=5)]
+    resumed = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7, skip_batches=5)]
     np.testing.assert_array_equal(resumed[0], longer[5])
     with pytest.raises(ValueError, match="exceeds the 4000 training examples"):
         data.load(data.EMBEDDED, train_examples=4001)
@@ -273,9 +273,9 @@ def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=64):
         ds = data.load("cifar10")
         assert (ds.preprocessing, ds.num_classes, ds.input_shape, ds.flip) == ("standardize", 10, (32, 32, 3), True)
-        x, y = next(iter(data.train_pipeline(ds, 16, epoch=0)))
+        x, y = next(iter(pipelines.train_pipeline(ds, 16, epoch=0)))
         assert x.shape == (16, 32, 32, 3) and y.shape == (16, 10)
-        xe, _ = next(iter(data.eval_pipeline(ds, 8)))
+        xe, _ = next(iter(pipelines.eval_pipeline(ds, 8)))
         np.testing.assert_allclose(np.mean(xe.numpy(), axis=(1, 2, 3)), 0, atol=1e-4)
 
 
@@ -283,7 +283,7 @@ def test_tfds_imagenet_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=4):
         ds = data.load("imagenet2012")
         assert ds.preprocessing == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
-        x, y = next(iter(data.train_pipeline(ds, 2, epoch=0)))
+        x, y = next(iter(pipelines.train_pipeline(ds, 2, epoch=0)))
         assert x.shape == (2, 224, 224, 3) and y.shape == (2, 1000)
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
-from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, run_dir, schedules, training
+from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, pipelines, run_dir, schedules
+from keras_skipinit import training
 from keras_skipinit.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,7 +251,7 @@ def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     results = training.train(small_config(tmp_path, epochs=2, steps_per_epoch=3))
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     model.compile(metrics=[keras.metrics.CategoricalAccuracy(name="top1")], loss="categorical_crossentropy")
-    evaluated = model.evaluate(data_lib.eval_pipeline(data_lib.load(data_lib.EMBEDDED), 32), verbose=0, return_dict=True)
+    evaluated = model.evaluate(pipelines.eval_pipeline(data_lib.load(data_lib.EMBEDDED), 32), verbose=0, return_dict=True)
     assert results["test_top1"] == pytest.approx(evaluated["top1"], abs=1e-7)
     # Named by split: eval_* always, test_* only on the test set; older files still read.
     assert {k: results[f"eval_{k}"] for k in ("top1", "top5", "cross_entropy")} == {

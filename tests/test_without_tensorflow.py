@@ -60,12 +60,12 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
 def test_fashion_mnist_is_read_from_its_original_files():
     """In memory, fed by NumPy: the 70,000 images with TFDS's class names."""
     directory = require_fashion_mnist()
-    from keras_skipinit import data
+    from keras_skipinit import data, pipelines
 
     dataset = data.load("fashion_mnist", manual_dir=directory, train_examples=1000)
     assert data.numpy_feed(dataset) and (dataset.num_train, dataset.num_test) == (1000, 10000)
     assert dataset.label_names[0] == "T-shirt/top"
-    x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
+    x, y = pipelines.first_batch(pipelines.train_pipeline(dataset, 8, epoch=0))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8, 10)
     assert np.all(np.abs(x.mean(axis=(1, 2, 3))) < 0.6)  # standardized, then padded with zeros and cropped
 
@@ -111,14 +111,14 @@ class Hidden:  # TensorFlow is not there, as in a JAX user's Python: not found, 
 sys.meta_path[:] = [Hidden(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
 os.environ["KERAS_BACKEND"] = "jax"
 import numpy as np
-from keras_skipinit import data
+from keras_skipinit import data, pipelines
 folder, empty = sys.argv[1:]
 dataset = data.load("digit_sample", data_dir=folder, train_examples=40)
-x, y = data.first_batch(data.train_pipeline(dataset, 8, epoch=0))
+x, y = pipelines.first_batch(pipelines.train_pipeline(dataset, 8, epoch=0))
 np.savez(os.path.join(folder, "read.npz"), *dataset.train, *dataset.test)
 large = data.load("large_sample", data_dir=folder)  # ImageNet-style: read per batch
-train = data.first_batch(data.train_pipeline(large, 4, epoch=0))[0]
-np.savez(os.path.join(folder, "large.npz"), train=train, eval=data.first_batch(data.eval_pipeline(large, 4))[0])
+train = pipelines.first_batch(pipelines.train_pipeline(large, 4, epoch=0))[0]
+np.savez(os.path.join(folder, "large.npz"), train=train, eval=pipelines.first_batch(pipelines.eval_pipeline(large, 4))[0])
 errors = []
 for name, where in (("cifar10", empty), ("digit_sampel", empty)):
     try:

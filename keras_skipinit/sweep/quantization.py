@@ -51,7 +51,7 @@ def _run_key(run):
 
 def quantize_runs(out, check_images=10000, calibration_images=200):
     """Exports and checks every file not yet in `out`/quantization.jsonl."""
-    from keras_skipinit import data as data_lib, deploy, machine, run_dir, serving
+    from keras_skipinit import data as data_lib, deploy, machine, pipelines, run_dir, serving
     from keras_skipinit.sweep import log
 
     path = os.path.join(out, LOG)
@@ -70,8 +70,8 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"))
         if name not in datasets:
             dataset = data_lib.load(*name)
-            images, labels = data_lib.sample_images(dataset, "eval", check_images, dataset.preprocessing)
-            calibration, _ = data_lib.sample_images(dataset, "train", calibration_images, dataset.preprocessing)
+            images, labels = pipelines.sample_images(dataset, "eval", check_images, dataset.preprocessing)
+            calibration, _ = pipelines.sample_images(dataset, "train", calibration_images, dataset.preprocessing)
             datasets[name] = (dataset.eval_split, images, labels, calibration)
         split, images, labels, calibration = datasets[name]
         want = deploy.keras_probabilities(model, images, preprocessing)  # once for the run's five files
