@@ -103,10 +103,10 @@ def survival():
     (`--methods=skipinit --preprocessing=mean_std`, `--methods=fixup
     --mixup_alpha=1 --l2=5e-5`).
 
-        python -m keras_skipinit.sweep --preset=survival --out=runs/survival
+        python -m keras_skipinit.sweep --preset=survival --out=docs/survival
 
-    Not run here yet: about 210 runs of 10-40 s on 2 CPU cores (the
-    factors 140 more); its results will go to docs/ when it has run."""
+    About 210 runs of 10-40 s on 2 CPU cores (the factors 140 more); in
+    progress, rerun to resume. Budget and results: docs/survival/README.md."""
     return {**stability_edge(), "protocol": "survival", "depths": [16], "methods": ["skipinit", "fixup", "batchnorm"],
             "seeds": 10, "best_k": 1, "centre_log2_lrs": dict(skipinit=-4, fixup=-3, batchnorm=2)}
 
