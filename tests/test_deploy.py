@@ -200,7 +200,8 @@ BAD_REQUESTS = [
     (["--output=X/m.tflite", "--base_path=X"], "--output: for --format=litert|onnx only"),
     (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),
-    (["--format=litert", "--output=X/exists.tflite/m.tflite"], "cannot be made: "),
+    (["--format=litert", "--output=X/exists.tflite/m.tflite"], "exists.tflite is a file, not a directory"),
+    (["--format=litert", "--output=X/exists.tflite/sub/m.tflite"], "cannot be made: "),
     (["--format=litert", "--output=X/exists.tflite"], "exists; pass --overwrite"),
     (["--format=onnx", "--output=X/m.onnx", "--base_path=X"], "--base_path: for --format=saved_model only"),
     # issue 46.3: flags that did nothing for the format, class names that are no file, a name the filesystem refuses
