@@ -196,7 +196,8 @@ def plot_survival(details, args):
                                                      ("trained_by_loss", "interval_by_loss", "s--", 0.03)):
                 fraction = np.array([r[trained] / r["runs"] for r in rows])
                 low, high = (np.array([r[interval][b] for r in rows]) for b in (0, 1))
-                ax.errorbar(x + shift, fraction, yerr=[np.maximum(fraction - low, 0), np.maximum(high - fraction, 0)], fmt=marker, capsize=2,
+                spread = [np.maximum(fraction - low, 0), np.maximum(high - fraction, 0)]  # round-off: never < 0
+                ax.errorbar(x + shift, fraction, yerr=spread, fmt=marker, capsize=2,
                             color=f"C{i}", alpha=1.0 if j == 0 else 0.6, mfc="white" if shift > 0 else None,
                             label=label if shift < 0 else None)
     ax.axhline(0.5, color="gray", lw=0.8, ls=":")

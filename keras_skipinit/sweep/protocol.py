@@ -28,9 +28,8 @@ def lr_key(lr):
 
 def lr_label(lr):
     log2 = math.log2(lr)  # tolerant: summaries key learning rates to 6 digits (`lr_key`)
-    if abs(log2 - round(log2)) < 1e-5:
-        return f"2^{int(round(log2))}"
-    return f"2^{round(2 * log2) / 2:g}" if abs(2 * log2 - round(2 * log2)) < 1e-5 else f"{lr:g}"  # half octaves
+    octaves = round(2 * log2) / 2  # whole or half
+    return f"2^{octaves:g}" if abs(log2 - octaves) < 1e-5 else f"{lr:g}"
 
 
 def ident(key, depth, batch, lr, seed, phase=SELECT):
@@ -148,6 +147,11 @@ def stability_edge(rows):
     return edge, (edge + 1 if edge + 1 not in tried and edge < high else None)
 
 
+def trained(run, chance):
+    """A run trained by accuracy: it completed (no divergence) above `chance`."""
+    return run["status"] == "completed" and run.get("test_top1") is not None and run["test_top1"] > chance
+
+
 def wilson(k, n, z=Z95):
     """The Wilson score interval (Wilson 1927) of a fraction of k in n:
     (low, high), 95% by default; sound at k = 0 or n, where the normal
@@ -168,7 +172,7 @@ def survival(runs, chance, loss_limit):
     each with its Wilson interval."""
     marks = {}
     for run in runs:
-        accuracy = run["status"] == "completed" and run.get("test_top1") is not None and run["test_top1"] > chance
+        accuracy = trained(run, chance)
         loss = run.get("train_cross_entropy")
         both = accuracy and loss is not None and math.isfinite(loss) and loss < loss_limit
         marks.setdefault(lr_key(run["lr"]), []).append((accuracy, both))

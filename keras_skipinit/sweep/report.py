@@ -12,7 +12,8 @@ from keras_skipinit.sweep import plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
-                                           half_rates, in_cell, lr_label, run_ident, stability_edge, summarize, survival)
+                                           half_rates, in_cell, lr_label, run_ident, stability_edge, summarize, survival,
+                                           trained)
 
 
 def protocol_batch(run):
@@ -100,12 +101,12 @@ def depth_table(runs, args):
                 cells.append(NOT_RUN)
                 continue
             accs = _accuracies(subset, args)
-            trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in subset)
+            n_trained = sum(trained(r, args.chance) for r in subset)
             diverged = sum(r["status"] == "diverged" for r in subset)
-            cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(subset)} trained"
+            cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({n_trained}/{len(subset)} trained"
                          + (f", {diverged} diverged" if diverged else "") + ")")
             details[f"{key}/depth{depth}"] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)),
-                                              "trained": trained, "diverged": diverged, "runs": len(subset),
+                                              "trained": n_trained, "diverged": diverged, "runs": len(subset),
                                               "test_top1": [r["test_top1"] for r in subset]}
         lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines), details
