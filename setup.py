@@ -20,7 +20,6 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_skipinit", "keras_skipinit.*"]),
-    package_data={"keras_skipinit": ["flag_tables.json"]},  # --help and flag refusals before TensorFlow loads
     python_requires=">=3.10,<3.13",
     # The core needs no TensorFlow: models, training and sweeps on JAX (`.[jax]`). TensorFlow's route
     # (tf.data, tf.distribute, TFDS, SavedModel export) is the `tensorflow` extra, which `test` (the

@@ -15,10 +15,10 @@ from keras_skipinit import _startup
 
 if _startup.our_command():  # before Keras loads TensorFlow: our commands start without its C++ start-up lines
     _startup.check_backend()
-    if _command := _startup.flag_command():  # help (train.py's, export's: flag refusals too) before TensorFlow's import
-        from keras_skipinit import _flag_table
+    if _command := _startup.flag_command():  # help and bad flags answered before TensorFlow's import
+        from keras_skipinit import _cli
 
-        _flag_table.preparse(_command)
+        _cli.preparse(_command)
         print(f"Loading Keras on {_startup.requested_backend()} (seconds; a minute on a busy machine)...", flush=True)
     _startup.quiet_start()
 elif "keras" not in sys.modules and (_missing := _startup.missing_backend()):  # Keras' error names only the module

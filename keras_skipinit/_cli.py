@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import sys
@@ -26,6 +27,58 @@ def help_text(usage, module):
     return f"{usage.rstrip()}\n\nFlags:\n{flags.FLAGS.module_help(module)}\n"
 
 
+# Flags that TensorFlow and absl.testing define when they load: accepted by the pre-parse, checked by the live one.
+LIBRARY_FLAGS = ("delta_threshold", "hbm_oom_exit", "op_conversion_fallback_to_while_loop", "runtime_oom_exit",
+                 "tt_check_filter", "tt_single_core_summaries", "test_random_seed", "test_randomize_ordering_seed",
+                 "test_srcdir", "test_tmpdir", "xml_output_file")
+
+
+def preparse(command, argv=None):
+    """Help, or a one-line refusal with exit status 2, for this process's
+    command line before Keras loads (`command`: `_startup.flag_command()`'s
+    module, which imports no Keras): the package's `__init__` calls it. The
+    flags are the live ones (train.py's from `spec.Config`), so nothing can
+    go stale; the live parse after the import repeats this one. Returns when
+    the flags parse."""
+    argv = list(sys.argv if argv is None else argv)
+    module_name, _, parser = command.partition(":")
+    module = importlib.import_module(module_name)
+    if parser:  # argparse (the sweep, analysis, quantization): its own parse
+        getattr(module, parser)().parse_args(argv[1:])
+        return
+    if argv[0] == "-m":  # runpy imports the package before it sets argv[0] to the module's file
+        name = _startup._invocation()[1]
+        name = "export" if name == "export" else name.rsplit(".", 1)[-1] + ".py"
+    else:
+        name = program("export" if command.endswith("export_cli") else "train.py")
+    parse_flags(argv, module.USAGE, module, name, known_only=True)
+
+
+def parse_flags(argv, usage, module, program_name, known_only=False):
+    """Parses argv into absl's FLAGS: --help prints the usage and `module`'s
+    flags (exit 0); a bad flag or a stray argument is one line (exit 2).
+    known_only: flags not (yet) defined are refused unless `LIBRARY_FLAGS`."""
+    if any(arg in HELP for arg in argv[1:]):
+        print_help(help_text(usage, module))
+    try:
+        rest = flags.FLAGS(argv, known_only=known_only)
+    except flags.Error as e:
+        refuse(program_name, f"{e} (--help lists the flags)")
+    if known_only:
+        unknown = [a for a in rest[1:] if a.startswith("-") and _flag_name(a) not in LIBRARY_FLAGS]
+        if unknown:
+            refuse(program_name, f"Unknown command line flag '{_flag_name(unknown[0])}' (--help lists the flags)")
+        rest = [rest[0]] + [a for a in rest[1:] if not a.startswith("-")]
+    if len(rest) > 1:
+        refuse(program_name, unexpected(rest[1:]))
+    return rest
+
+
+def _flag_name(arg):
+    name = arg.lstrip("-").split("=", 1)[0]
+    return name[2:] if name.startswith("no") and name[2:] in LIBRARY_FLAGS else name
+
+
 def run(main, usage, name):
     """absl's app.run with this command's usage text, also when started
     through pip's wrapper script (whose module has no docstring). --help
@@ -35,18 +88,7 @@ def run(main, usage, name):
     arguments are one line and exit status 2, as every other bad input."""
     sys.modules["__main__"].__doc__ = usage
 
-    def parse(argv):
-        if any(arg in HELP for arg in argv[1:]):
-            print_help(help_text(usage, sys.modules[main.__module__]))
-        try:
-            rest = flags.FLAGS(argv)
-        except flags.Error as e:
-            refuse(program(name), f"{e} (--help lists the flags)")
-        if len(rest) > 1:
-            refuse(program(name), unexpected(rest[1:]))
-        return rest
-
-    app.run(main, flags_parser=parse)
+    app.run(main, flags_parser=lambda argv: parse_flags(argv, usage, sys.modules[main.__module__], program(name)))
 
 
 def print_help(text):

@@ -66,20 +66,27 @@ def our_command():
     return name == "train.py" or name.startswith("keras-skipinit-") or (folder == "benchmarks" and name.endswith(".py"))
 
 
+COMMANDS = {"train.py": "keras_skipinit.train_cli", "keras-skipinit-train": "keras_skipinit.train_cli",
+            "keras-skipinit-export": "keras_skipinit.export_cli", "export": "keras_skipinit.export_cli",
+            "keras_skipinit.train_cli": "keras_skipinit.train_cli", "keras_skipinit.export_cli": "keras_skipinit.export_cli",
+            "keras_skipinit.sweep": "keras_skipinit.sweep.cli:build_parser",
+            "keras_skipinit.analysis": "keras_skipinit.analysis_flags:build_parser",
+            "keras_skipinit.sweep.quantization": "keras_skipinit.sweep.cli:quantization_parser"}
+
+
 def flag_command():
-    """Which command with a flag table (keras_skipinit._flag_table) this
-    process runs: "train", "export", "sweep", "analysis", "quantization" or None."""
+    """What this process's command line is parsed against before Keras loads
+    (`_cli.preparse`; none of it imports Keras), or None: an absl command's
+    module, or an argparse command's "module:function" making its parser."""
     kind, name, _ = _invocation()
-    if kind == "module":
-        return {"keras_skipinit.train_cli": "train", "export": "export", "keras_skipinit.export_cli": "export",
-                "keras_skipinit.sweep": "sweep", "keras_skipinit.analysis": "analysis",
-                "keras_skipinit.sweep.quantization": "quantization"}.get(name)
-    return {"train.py": "train", "keras-skipinit-train": "train", "keras-skipinit-export": "export"}.get(name)
+    if kind == "script" and name == "export":
+        return None  # `python -m export` only
+    return COMMANDS.get(name)
 
 
 def _training_command():
     """train.py and the sweep (export re-runs itself on TensorFlow)."""
-    return flag_command() == "train" or _invocation()[:2] == ("module", "keras_skipinit.sweep")
+    return flag_command() == COMMANDS["train.py"] or _invocation()[:2] == ("module", "keras_skipinit.sweep")
 
 
 def requested_backend():

@@ -34,8 +34,10 @@ import os
 import keras
 import numpy as np
 
+from keras_skipinit import analysis_flags
+
 STATISTICS = ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var")
-TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")
+TOYS = analysis_flags.TOYS
 
 
 def residual_blocks(model):
@@ -322,33 +324,10 @@ def _inputs(kind, shape, batch, seed):
     return real_digits(batch, seed)
 
 
-def build_parser():
-    """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
-    from keras_skipinit import _cli, applications
-
-    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.analysis", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="wrn", choices=applications.MODELS)
-    parser.add_argument("--toy", choices=TOYS, help="analyse a toy network of App. B/C instead of --model")
-    parser.add_argument("--depth", type=int, default=100,
-                        help="WRN depth (6k+4), ResNet depth, CIFAR ResNet depth (6n+2), or toy blocks")
-    parser.add_argument("--width", type=int, default=1, help="WRN width, or toy width (default 1000 for toys)")
-    parser.add_argument("--normalizations", default="batchnorm,skipinit,fixup,none")
-    parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
-    parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/spp")
-    parser.add_argument("--function_change", action="store_true",
-                        help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
-                        "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
-    parser.add_argument("--depths", default="16,100,1000", help="with --function_change: WRN depths (6k+4)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="with --function_change: the step's learning rate")
-    return parser
-
-
 def main(argv=None):
     from keras_skipinit import applications, normalization as norm_lib
 
-    parser = build_parser()
+    parser = analysis_flags.build_parser()
     args = parser.parse_args(argv)
     keras.utils.set_random_seed(args.seed)
     if args.function_change:

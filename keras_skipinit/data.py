@@ -24,12 +24,12 @@ import os
 import keras
 import numpy as np
 
-from keras_skipinit import _startup, digits, numpy_data, preprocessing, tfds_prepare
+from keras_skipinit import _startup, digits, image_folder, numpy_data, preprocessing, spec, tfds_prepare
 
-EMBEDDED = "mnist_embedded"
+EMBEDDED = spec.EMBEDDED
 # `<dataset>_rgb32`: a 28x28 gray dataset as the papers' CIFAR input (32x32x3): each image zero-padded by 2
 # pixels and its channel repeated (e.g. fashion_mnist_rgb32).
-RGB32 = "_rgb32"
+RGB32 = spec.RGB32
 _NO_FLIP = ("mnist", "svhn")  # substrings: digits change meaning when mirrored
 
 
@@ -102,8 +102,19 @@ def _from_files(name, manual_dir):
     return directory
 
 
+def load_for(config):
+    """`load` of the dataset a run's settings name (a `spec.Config`, or the
+    dict a run recorded: settings it lacks take their defaults)."""
+    get = (lambda k: getattr(config, k)) if isinstance(config, spec.Config) else (
+        lambda k: config.get(k, spec.FIELDS[k].default))
+    return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
+                get("preprocessing"), folder=dict(image_size=get("image_size"), channels=get("channels"),
+                                                  skip_bad=get("skip_bad_images"),
+                                                  default_size=spec.architecture(get("model")).default_input_shape[0]))
+
+
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,
-         preprocessing_choice=None):
+         preprocessing_choice=None, folder=None):
     """Loads `name`: the embedded default or any TFDS image classification
     dataset with 'image' and 'label' features, prepared in `data_dir` on
     first use by TFDS's own builder (see `tfds_prepare`: offline from the
@@ -116,10 +127,12 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     split and evaluate on them instead of the test split, to choose
     hyperparameters without the test set (`train_examples` then counts from
     the start of the rest). `preprocessing_choice`: None (the images' own:
-    `preprocessing.for_images`), 'standardize' or 'mean_std' (`preprocessing.choose`)."""
+    `preprocessing.for_images`), 'standardize' or 'mean_std' (`preprocessing.choose`).
+    A folder of images (`image_folder.looks_like_folder`) is read by
+    `image_folder.read` with the keywords in `folder`."""
     if preprocessing_choice is not None:
         preprocessing.choose(preprocessing_choice, name, (1, 1, 1))  # a bad choice fails before the data is read
-        dataset = load(name, data_dir, manual_dir, train_examples, validation_examples)
+        dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
         return dataclasses.replace(
             dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape))
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
@@ -128,6 +141,13 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     held_out = validation_examples or 0
     if name.endswith(RGB32):
         return _as_rgb32(load(name[: -len(RGB32)], data_dir, manual_dir, train_examples, validation_examples), name)
+    if image_folder.looks_like_folder(name):
+        read = image_folder.read(name, **(folder or {}))
+        if read.skipped:
+            print(f"{name}: skipped {len(read.skipped)} unreadable files (--skip_bad_images), e.g. {read.skipped[0]}",
+                  flush=True)
+        dataset = _in_memory(name, read.train, read.test, train_examples, held_out, flip=True, label_names=read.classes)
+        return dataset if held_out or read.eval_split == "test" else dataclasses.replace(dataset, eval_split="validation")
     if name == EMBEDDED:
         (xtr, ytr), (xte, yte) = digits.split()
         return _in_memory(name, (xtr, ytr), (xte, yte), train_examples, held_out, flip=False,

@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, run_dir, serving
+from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, run_dir, serving, spec
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -289,8 +289,8 @@ class Format:
 
 
 FORMATS = {
-    "litert": Format(".tflite", ("float16", "int8"), ("ai_edge_litert",), _litert_bytes, None, _litert_runner),
-    "onnx": Format(".onnx", ("int8",), ("onnxruntime", "tf2onnx"), _onnx_bytes, _onnx_int8, _onnx_runner),
+    "litert": Format(".tflite", spec.EXPORT_QUANTIZATIONS["litert"], ("ai_edge_litert",), _litert_bytes, None, _litert_runner),
+    "onnx": Format(".onnx", spec.EXPORT_QUANTIZATIONS["onnx"], ("onnxruntime", "tf2onnx"), _onnx_bytes, _onnx_int8, _onnx_runner),
 }
 
 

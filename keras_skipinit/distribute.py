@@ -28,10 +28,10 @@ import sys
 
 import keras
 
-from keras_skipinit import _startup, machine
+from keras_skipinit import _startup, machine, spec
 
 BACKENDS = _startup.TRAINING_BACKENDS
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+STRATEGIES = spec.STRATEGIES
 
 
 def backend():

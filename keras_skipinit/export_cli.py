@@ -12,13 +12,9 @@ one line, nothing half-made left)."""
 import os
 import sys
 
-import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, publish
-
-_cli.exit_without_tensorflow("export")  # deploy imports it
-from keras_skipinit import deploy, preprocessing as preprocessing_lib  # noqa: E402
+from keras_skipinit import _cli, preprocessing as preprocessing_lib, publish, spec
 
 USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 
@@ -46,12 +42,12 @@ are the same command.
 
 F = flags.FLAGS
 flags.DEFINE_string("source", None, "A train.py model_dir or a .keras file.", required=True)
-flags.DEFINE_enum("format", "saved_model", ["saved_model", *deploy.FORMATS],
+flags.DEFINE_enum("format", "saved_model", ["saved_model", *spec.EXPORT_QUANTIZATIONS],
                   "saved_model: TF Serving; litert: one .tflite (built-in ops only, ai_edge_litert); onnx: one .onnx "
                   "(onnxruntime). litert and onnx need pip install -e \".[export]\".")
 flags.DEFINE_string("base_path", None, "--format=saved_model: TF Serving model base path (parent of <model_name>/).")
 flags.DEFINE_string("output", None, "--format=litert|onnx: the file to write (.tflite / .onnx).")
-flags.DEFINE_enum("quantize", None, sorted({q for f in deploy.FORMATS.values() for q in f.quantizations}),
+flags.DEFINE_enum("quantize", None, sorted({q for qs in spec.EXPORT_QUANTIZATIONS.values() for q in qs}),
                   "--format=litert: float16 weights, or full-integer int8; --format=onnx: int8 (ONNX Runtime's static "
                   "quantization). int8 is calibrated on --calibration_images training images of the run's dataset "
                   "(the input stays uint8 images). The check then reports accuracy.")
@@ -77,7 +73,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not F["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from keras_skipinit import serving
+    from keras_skipinit import deploy, serving
 
     try:
         _check_flags()
@@ -113,6 +109,8 @@ _FILE_ONLY = ("output", "quantize", "check_images", "calibration_images", "datas
 
 def _check_flags():
     """Flags that belong to one format only, given with another: one line."""
+    from keras_skipinit import deploy
+
     saved_model = F.format == "saved_model"
     given = [name for name in (_FILE_ONLY if saved_model else _SAVED_MODEL_ONLY) if F[name].present]
     if given:
@@ -141,7 +139,7 @@ def _run_of(source):
 
 
 def _labels(model):
-    from keras_skipinit import run_dir
+    from keras_skipinit import deploy, run_dir
 
     classes = model.output_shape[-1]
     if F.labels is not None:
@@ -162,12 +160,11 @@ def _data():
         raise ValueError(f"{F.source} is a .keras file from outside a train.py run: pass --dataset=NAME for the "
                          "images its export is checked on")
     config = run_dir.read_spec(_run_of(F.source))["config"]
-    return data_lib.load(config["dataset"], config.get("data_dir"), config.get("manual_dir"),
-                         validation_examples=config.get("validation_examples"))
+    return data_lib.load_for({**config, "train_examples": None, "preprocessing": None})
 
 
 def _export_file(model, preprocessing, source, labels):
-    from keras_skipinit import pipelines
+    from keras_skipinit import deploy, pipelines
 
     print(f"Converting {source} to {F.format}{' ' + F.quantize if F.quantize else ''} and checking the file on "
           f"{F.check_images} images in its runtime (10-30 s)...", flush=True)
@@ -200,6 +197,9 @@ def _export_file(model, preprocessing, source, labels):
 
 def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
+    _cli.exit_without_tensorflow("export")  # SavedModels are TensorFlow graphs
+    import keras
+
     if keras.backend.backend() != "tensorflow":
         _cli.rerun_on_tensorflow()
     _cli.run(main, USAGE, "export")

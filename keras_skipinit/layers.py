@@ -19,18 +19,9 @@ import numbers
 import keras
 from keras import ops
 
+from keras_skipinit._checks import finite_number as _check_finite_number, is_int as _is_int
+
 _PACKAGE = "keras_skipinit"
-
-
-def _is_int(value):
-    """A Python or numpy integer (not a bool)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_finite_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}.")
-    return float(value)
 
 
 class _ScalarParameter(keras.layers.Layer):

@@ -13,9 +13,7 @@ import dataclasses
 import math
 import numbers
 
-import keras
-
-from keras_skipinit import layers as ksl
+from keras_skipinit._checks import finite_number
 
 ALPHA_INIT_NAMES = {"zero": 0.0, "one": 1.0, "inv_sqrt_depth": None}
 # Conv kernel initializations: VarianceScaling (scale, mode (None: the
@@ -75,7 +73,7 @@ def resolve_alpha(alpha_init, num_blocks):
             )
         value = ALPHA_INIT_NAMES[alpha_init]
         return 1.0 / math.sqrt(num_blocks) if value is None else value
-    return ksl._check_finite_number("alpha_init", alpha_init)
+    return finite_number("alpha_init", alpha_init)
 
 
 def _virtual_batch_size(value, context):
@@ -88,7 +86,7 @@ def _virtual_batch_size(value, context):
 def _bn_momentum(value, context):
     if value is None:
         return {}
-    value = ksl._check_finite_number("bn_momentum", value)
+    value = finite_number("bn_momentum", value)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"bn_momentum must be in [0, 1), got {value}.")
     return {"bn_momentum": value}
@@ -99,7 +97,7 @@ def _alpha_init(value, context):
 
 
 def _nf_beta(value, context):
-    beta = ksl._check_finite_number("nf_beta", 0.2 if value is None else value)
+    beta = finite_number("nf_beta", 0.2 if value is None else value)
     if beta <= 0:
         raise ValueError(f"nf_beta must be > 0, got {beta}.")
     return {"nf_beta": beta}
@@ -131,10 +129,14 @@ OPTIONS = {
 
 
 def _batchnorm(recipe, name):
+    import keras  # here: the method table is read before Keras loads (flags, help)
+
     return keras.layers.BatchNormalization(momentum=recipe.bn_momentum, epsilon=1.001e-5, name=name)
 
 
 def _ghost_batchnorm(recipe, name):
+    from keras_skipinit import layers as ksl
+
     return ksl.GhostBatchNormalization(recipe.virtual_batch_size, momentum=recipe.bn_momentum, epsilon=1.001e-5,
                                        name=name)
 
@@ -252,7 +254,7 @@ def resolve(normalization, context, *, dropout_rate=None, use_bias=None, loop_bl
     if use_bias is not None and not isinstance(use_bias, bool):
         raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
     if dropout_rate is not None:
-        dropout_rate = ksl._check_finite_number("dropout_rate", dropout_rate)
+        dropout_rate = finite_number("dropout_rate", dropout_rate)
         if not 0.0 <= dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
     method = METHODS[normalization]

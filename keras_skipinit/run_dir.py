@@ -26,7 +26,7 @@ import zipfile
 
 import keras
 
-from keras_skipinit import applications, files, preprocessing as preprocessing_lib
+from keras_skipinit import applications, files, preprocessing as preprocessing_lib, spec
 from keras_skipinit.checkpoint import Checkpoint
 
 SPEC = "model_spec.json"
@@ -93,8 +93,7 @@ def lock(model_dir):
 
 # Flags that may differ when a model_dir is reused: where things are read or
 # written, how much is shown, and --epochs (raised to continue a run).
-REUSABLE_FLAGS = ("epochs", "data_dir", "manual_dir", "model_dir", "verbose", "checkpoint_steps", "restart",
-                  "ignore_memory_check")
+REUSABLE_FLAGS = spec.REUSABLE  # settings a continued run may change (`spec.setting(reusable=True)`)
 _RUN_FILES = (SPEC, RESULTS, HISTORY, MODEL, CHECKPOINTS, "tensorboard")
 
 

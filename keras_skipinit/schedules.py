@@ -18,7 +18,9 @@ import math
 import keras
 from keras import ops
 
-SCHEDULES = ("cifar", "imagenet", "constant")
+from keras_skipinit import spec
+
+SCHEDULES = spec.SCHEDULES
 # kind -> (D, end of warm-up, end of the constant phase), in units of 1/D of
 # training; the learning rate halves every 1/D after the constant phase.
 FRACTIONS = {"cifar": (20, 0, 10), "imagenet": (18, 1, 9)}

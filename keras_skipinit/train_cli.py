@@ -11,13 +11,10 @@ import os
 import subprocess
 import sys
 
-import keras
 from absl import app, flags, logging
 
-from keras_skipinit import _cli, _flag_table, applications, data, files, normalization, preprocessing as preprocessing_lib, run_dir, schedules, training
-from keras_skipinit.applications import cifar_resnet
+from keras_skipinit import _cli, spec
 
-_D = training.Config()
 USAGE = """Train a keras_skipinit model with the papers' protocol.
 
 With no flags: a WRN-16-1 with SkipInit (alpha = 0, no normalization) on the
@@ -36,112 +33,61 @@ Examples:
 """
 
 F = flags.FLAGS
-flags.DEFINE_enum("model", _D.model, training.MODELS, "Architecture: " + "; ".join(
-    f"{name}: {arch.title}" for name, arch in applications.ARCHITECTURES.items()) + ".")
-flags.DEFINE_integer("depth", _D.depth, "Depth; " + "; ".join(
-    f"{name}: {arch.depths}" for name, arch in applications.ARCHITECTURES.items()) + ".")
-flags.DEFINE_integer("width", _D.width, "WRN widening factor k (ignored for ResNets).")
-flags.DEFINE_enum("normalization", _D.normalization, normalization.NORMALIZATIONS, "How residual blocks are normalized.")
-for _name, _option in normalization.OPTIONS.items():  # each method's own flags, from its record
-    {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string}[_option.type](
-        _option.flag, None, f"For --normalization={'/'.join(normalization.methods_taking(_name))}: {_option.doc}.",
-        **({"lower_bound": 1} if _option.type is int else {}))
-flags.DEFINE_bool(
-    "lsuv", False,
-    "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training batch, for networks "
-    "without normalization (Fixup §4.1 baseline; use with --normalization=none).",
-)
-flags.DEFINE_bool(
-    "loop_blocks", False,
-    "Run each stage's identical residual blocks as one loop over stacked weights: graph size, build and "
-    "trace time independent of depth (keras_skipinit.looped).",
-)
-flags.DEFINE_bool("remat", False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
-flags.DEFINE_enum("shortcut", None, list(cifar_resnet.SHORTCUTS),
-                  "--model=cifar_resnet: A, parameter-free zero-padding shortcuts (default, He et al. 2016 §4.2), "
-                  "or B, 1x1 projections where the shape changes.")
-flags.DEFINE_enum("stem_init", None, list(cifar_resnet.STEM_INITS),
-                  "--model=cifar_resnet: initialization of the stem conv: he_normal (default) or pytorch_default "
-                  "(U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).")
-flags.DEFINE_float("dropout", None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for regularized_skipinit, "
-                   "else 0).", lower_bound=0.0, upper_bound=0.99)
-flags.DEFINE_string("dataset", _D.dataset, f"'{data.EMBEDDED}' (offline default) or a TFDS image dataset: fashion_mnist, cifar10, cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>{data.RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated)")
-flags.DEFINE_string("data_dir", None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared there on first use.")
-flags.DEFINE_string(
-    "manual_dir", None,
-    "Directory holding a TFDS dataset's original download files, to prepare it offline "
-    "(default for fashion_mnist: /usr/share/datasets/fashion-mnist, from `apt-get install dataset-fashion-mnist`).",
-)
-flags.DEFINE_integer("train_examples", None, "Train on the first N examples of the training split (default: all).", lower_bound=1)
-flags.DEFINE_integer(
-    "validation_examples", None,
-    "Hold out the last N training examples and evaluate on them instead of the test split, to choose "
-    "learning rates and epochs without the test set (results.json: eval_split 'validation').",
-    lower_bound=1,
-)
-flags.DEFINE_enum(
-    "preprocessing", None, list(preprocessing_lib.CHOICES),
-    "Images up to 64 px: standardize (per image, SkipInit §2.3) or mean_std (per channel by the dataset's "
-    f"training-split statistics, the papers' CIFAR normalization; known for {', '.join(preprocessing_lib.CHANNEL_STATS)}). "
-    "Default: the dataset's own (standardize up to 64 px, imagenet above); exports carry the choice.",
-)
-flags.DEFINE_integer("batch_size", _D.batch_size, "Global batch size per optimizer update.", lower_bound=1)
-flags.DEFINE_integer("accumulation_steps", _D.accumulation_steps, "Micro-batches accumulated per update (SkipInit §3).", lower_bound=1)
-flags.DEFINE_integer("epochs", _D.epochs, "Training epochs (schedule phases scale with it).", lower_bound=1,
-                     upper_bound=training.MAX_EPOCHS)
-flags.DEFINE_integer("steps_per_epoch", None, "Updates per epoch (default: a full pass over the training set).",
-                     lower_bound=1, upper_bound=training.MAX_STEPS_PER_EPOCH)
-flags.DEFINE_float("learning_rate", _D.learning_rate, "Base learning rate (the papers tune it on a 2^-10..2^2 grid).")
-flags.DEFINE_enum("schedule", _D.schedule, schedules.SCHEDULES, "cifar: constant half, halve every 5%; imagenet: 5/90 warm-up, 40/90 constant, halve every 5/90.")
-flags.DEFINE_float("momentum", _D.momentum, "Heavy-ball momentum.", lower_bound=0.0, upper_bound=0.999)
-flags.DEFINE_float("l2", _D.l2, "L2 coefficient on conv/dense kernels, added to the loss.", lower_bound=0.0)
-flags.DEFINE_float("mixup_alpha", _D.mixup_alpha, "Mixup Beta(alpha, alpha); 0 disables (Fixup uses 0.7 on ImageNet).", lower_bound=0.0)
-flags.DEFINE_float(
-    "scalar_lr_multiplier", None,
-    "Learning-rate multiplier for scalar parameters (default: 0.1 for fixup, as in Fixup's reference code; else 1).",
-)
-flags.DEFINE_enum("mixed_precision", _D.mixed_precision, list(training.PRECISIONS), "Mixed precision policy.")
-flags.DEFINE_bool("xla", _D.xla, "Compile the train step with XLA.")
-flags.DEFINE_enum(
-    "strategy", _D.strategy, training.STRATEGIES,
-    "TensorFlow: auto is MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker with the "
-    "same flags; task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device. JAX: auto and mirrored "
-    "are keras.distribution.DataParallel over all local devices; with KERAS_DISTRIBUTION_NUM_PROCESSES > 1 (and "
-    "_PROCESS_ID, _JOB_ADDRESSES) over every device of that many processes, process 0 writing model_dir.",
-)
-flags.DEFINE_integer("seed", _D.seed, "Random seed (initialization, data order, augmentation).", lower_bound=0,
-                     upper_bound=training.MAX_SEED)
-flags.DEFINE_string("model_dir", _D.model_dir, "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.")
-flags.DEFINE_string(
-    "export_dir", None,
-    "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
-    "(checked before training starts).",
-)
-flags.DEFINE_bool("restart", False, "Discard the run in --model_dir (checkpoints, results) and start it over.")
-flags.DEFINE_bool("ignore_memory_check", False, "Train even when one step's activations alone exceed the memory "
-                  "available (refused by default: the kernel's OOM killer would end the run, maybe others too).")
-flags.DEFINE_integer("checkpoint_steps", _D.checkpoint_steps, "Also checkpoint every N steps (0: epochs only).", lower_bound=0)
-flags.DEFINE_integer("verbose", None, "Keras verbosity: 0 silent, 1 progress bar, 2 one line per epoch.")
-# Checks beyond absl's kinds and bounds, as data: flag_tables.json carries them, so they refuse before
-# Keras loads too (keras_skipinit._flag_table).
-FLAG_CHECKS = {"learning_rate": ("positive",), "scalar_lr_multiplier": ("positive",),
-               "alpha_init": ("float_or", sorted(normalization.ALPHA_INIT_NAMES))}
-FLAG_CHECKS.update({flag.name: ("finite",) for flag in F.get_flags_for_module(sys.modules[__name__])
-                    if flag.flag_type() == "float" and flag.name not in FLAG_CHECKS})  # NaN passes every bound
-_flag_table.register_checks(FLAG_CHECKS)
+_DEFINE = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
+           "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
+_CHECKS = {"positive": (lambda v: v > 0, "must be a finite number > 0"), "float_or": (
+    lambda v: spec.value_error("alpha_init", _alpha(v)) is None, "must be a finite float or one of {}")}
+
+
+def define(flag_values=F):
+    """train.py's flags: one per `spec.Config` setting (its default, help,
+    choices and bounds; floats refused when not finite), and --export_dir.
+    Called on import, and by the pre-parse (`_cli.preparse`) before Keras loads."""
+    for name, field in spec.FIELDS.items():
+        meta, kind = field.metadata, spec.kind(name)
+        extra = {"lower_bound": meta["lower"], "upper_bound": meta["upper"]} if kind in ("int", "float") else {}
+        choices = (list(meta["choices"]),) if kind == "enum" else ()
+        _DEFINE[kind](name, field.default, *choices, meta["help"], flag_values=flag_values, **extra)
+        if kind == "float" or meta["check"]:
+            predicate, message = _CHECKS.get(meta["check"], (lambda v: True, "must be a finite number"))
+            if meta["check"] == "float_or":
+                message = message.format(sorted(meta["choices"]))
+            flags.register_validator(name, _finite_and(predicate, kind == "float"), f"--{name} {message}",
+                                     flag_values=flag_values)
+    flags.DEFINE_string(
+        "export_dir", None,
+        "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
+        "(checked before training starts).", flag_values=flag_values)
+
+
+def _finite_and(predicate, is_float):
+    import math
+
+    return lambda v: v is None or ((not is_float or math.isfinite(v)) and predicate(v))
+
+
+define()
 
 
 def _alpha(value):
-    return value if value is None or value in normalization.ALPHA_INIT_NAMES else float(value)
+    """--alpha_init's text as the setting: a name, or a float (text that is neither stays text, refused by name)."""
+    if value is None or value in spec.FIELDS["alpha_init"].metadata["choices"]:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def config_from_flags():
-    fields = {name: F[name].value for name in training.Config.__dataclass_fields__}
+    fields = {name: F[name].value for name in spec.FIELDS}
     fields["alpha_init"] = _alpha(fields["alpha_init"])
-    return training.Config(**fields)
+    return spec.Config(**fields)
 
 
 def main(argv):
+    from keras_skipinit import files, run_dir, training
+
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not F["verbosity"].present:  # TFDS logs every file it reads at INFO
@@ -212,7 +158,9 @@ def _export(config, name, results_path):
     """Exports the finished run; an export error leaves its results intact.
     A run trained on another backend is exported by `python -m export` on
     TensorFlow, in a process of its own."""
-    from keras_skipinit import serving
+    import keras
+
+    from keras_skipinit import files, serving
 
     try:
         if keras.backend.backend() == "tensorflow":

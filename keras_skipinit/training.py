@@ -22,7 +22,6 @@ epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
 """
 
 import dataclasses
-import math
 import os
 import shutil
 import sys
@@ -32,94 +31,29 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, pipelines, run_dir
-from keras_skipinit import normalization as norm_lib, schedules
+from keras_skipinit import normalization as norm_lib, schedules, spec
 from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = applications.MODELS  # train.py --model
-# Upper bounds of the counts (train.py's flags take them): beyond them a run is a typing error, not a plan.
-MAX_EPOCHS, MAX_STEPS_PER_EPOCH, MAX_SEED = 10**6, 10**9, 2**32 - 1
-PRECISIONS = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
-STRATEGIES = distribute.STRATEGIES
-
-
-@dataclasses.dataclass
-class Config:
-    model: str = "wrn"
-    depth: int = 16
-    width: int = 1
-    normalization: str = "skipinit"
-    alpha_init: str | float | None = None
-    ghost_batch_size: int | None = None
-    bn_momentum: float | None = None
-    nf_beta: float | None = None
-    shortcut: str | None = None  # cifar_resnet: 'A' (default) or 'B'
-    stem_init: str | None = None  # cifar_resnet: 'he_normal' (default) or 'pytorch_default'
-    lsuv: bool = False
-    loop_blocks: bool = False
-    remat: bool = False
-    dropout: float | None = None
-    dataset: str = data_lib.EMBEDDED
-    data_dir: str | None = None
-    manual_dir: str | None = None
-    train_examples: int | None = None
-    validation_examples: int | None = None
-    preprocessing: str | None = None  # None: the images' own; 'standardize' or 'mean_std' (`preprocessing.choose`)
-    batch_size: int = 32
-    accumulation_steps: int = 1
-    epochs: int = 12
-    steps_per_epoch: int | None = None
-    learning_rate: float = 0.05
-    schedule: str = "cifar"
-    momentum: float = 0.9
-    l2: float = 5e-4
-    mixup_alpha: float = 0.0
-    scalar_lr_multiplier: float | None = None  # None: 0.1 for fixup, else 1 (`scalar_lr`)
-    mixed_precision: str = "none"
-    xla: bool = False
-    strategy: str = "auto"
-    seed: int = 0
-    model_dir: str = "runs/default"
-    checkpoint_steps: int = 0
-    verbose: int | None = None
-    restart: bool = False
-    ignore_memory_check: bool = False
+PRECISIONS, STRATEGIES = spec.PRECISIONS, spec.STRATEGIES
+MAX_EPOCHS, MAX_STEPS_PER_EPOCH, MAX_SEED = spec.MAX_EPOCHS, spec.MAX_STEPS_PER_EPOCH, spec.MAX_SEED
+Config = spec.Config  # a run's settings, each declared once there (default, help, choices, bounds)
 
 
 def validate(config):
     """Raises ValueError naming the allowed values for any bad setting."""
     c = config
+    spec.check(c)  # each setting's kind, choices and bounds, as its flag has them (NaN and infinity refused)
     arch = applications.architecture(c.model)
     norm_lib.check_method(c.normalization, preactivation=arch.preactivation, names=_OPTION_FLAGS, **method_options(c))
     applications.registry.check_options(c.model, shortcut=c.shortcut, stem_init=c.stem_init)
     arch.check_depth(c.depth)  # before the model_dir is made: a refused depth leaves nothing
-    if arch.takes_width and (isinstance(c.width, bool) or not isinstance(c.width, int) or c.width < 1):
+    if arch.takes_width and c.width < 1:
         raise ValueError(f"width must be a positive integer, got {c.width!r}")
-    if c.schedule not in schedules.SCHEDULES:
-        raise ValueError(f"schedule must be one of {schedules.SCHEDULES}, got {c.schedule!r}")
-    if c.mixed_precision not in PRECISIONS:
-        raise ValueError(f"mixed_precision must be one of {tuple(PRECISIONS)}, got {c.mixed_precision!r}")
-    if c.strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {c.strategy!r}")
-    counts = {"batch_size": (c.batch_size, 1, None), "accumulation_steps": (c.accumulation_steps, 1, None),
-              "epochs": (c.epochs, 1, MAX_EPOCHS), "steps_per_epoch": (c.steps_per_epoch, 1, MAX_STEPS_PER_EPOCH),
-              "seed": (c.seed, 0, MAX_SEED), "checkpoint_steps": (c.checkpoint_steps, 0, None)}
-    for name, (value, low, high) in counts.items():
-        if value is None and name == "steps_per_epoch":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
-            raise ValueError(f"{name} must be an integer from {low} to {high or 'any size'}, got {value!r}")
-    for field in dataclasses.fields(c):  # NaN passes every comparison below: refused here by name
-        value = getattr(c, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{field.name} must be a finite number, got {value}")
-    if not c.learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got {c.learning_rate}")
     if not 0 <= c.momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {c.momentum}")
-    if c.l2 < 0 or c.mixup_alpha < 0 or (c.scalar_lr_multiplier is not None and c.scalar_lr_multiplier <= 0):
-        raise ValueError("l2 and mixup_alpha must be >= 0 and scalar_lr_multiplier > 0")
     if c.dropout is not None and not 0 <= c.dropout < 1:
         raise ValueError(f"dropout must be in [0, 1), got {c.dropout}")
     if c.lsuv and norm_lib.METHODS[c.normalization].normalizes:
@@ -131,10 +65,6 @@ def validate(config):
     if not c.model_dir or not c.model_dir.strip():
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
     run_dir.check_writable(c.model_dir, "--model_dir")
-    for name in ("train_examples", "validation_examples"):
-        value = getattr(c, name)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 _OPTION_FLAGS = {name: option.flag for name, option in norm_lib.OPTIONS.items()}
@@ -274,10 +204,7 @@ def _train(config, strategy, out_dir, start, interrupt):
     worker's scratch directory), checkpoints are read from model_dir."""
     model_dir, chief = config.model_dir, distribute.is_chief(strategy)
 
-    dataset = data_lib.load(
-        config.dataset, config.data_dir, config.manual_dir, config.train_examples, config.validation_examples,
-        config.preprocessing,
-    )
+    dataset = data_lib.load_for(config)
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)
     replicas = strategy.num_replicas_in_sync

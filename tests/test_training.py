@@ -1,6 +1,7 @@
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ def test_fixup_scalars_learn_10x_slower_by_default():
         (dict(schedule="cosine"), "schedule must be one of"),
         # NaN passes every comparison; counts past any plan were tracebacks or hangs (from Python, the sweep)
         (dict(mixup_alpha=float("nan")), "mixup_alpha must be a finite number"),
-        (dict(normalization="ghost_batchnorm", ghost_batch_size=-3), "ghost_batch_size must be a positive int"),
+        (dict(normalization="ghost_batchnorm", ghost_batch_size=-3), "ghost_batch_size must be an integer from 1"),
         (dict(epochs=10**20), "epochs must be an integer from 1 to 1000000"),
         (dict(seed=-5), "seed must be an integer from 0 to 4294967295"),
         (dict(steps_per_epoch=10**9), "repeats the 4000 training examples over 10,000 times"),
@@ -344,8 +345,9 @@ def test_cli_bad_flags_give_one_line_errors():
     """Exit status 2 and one line for every bad flag (issue 32.6: absl's own
     flag errors were 'FATAL Flags parsing error', status 1). The cases share
     one process; test_run_dir starts train.py itself on a bad flag."""
-    results = run_cli_cases("train", [[flag, "--epochs=1"] for flag, _ in BAD_FLAGS] + [["--help"]], ROOT)
-    for (flag, match), (status, _, err) in zip(BAD_FLAGS, results):
+    cases = BAD_FLAGS + [("--dataset=./no/such/folder", "no such folder")]  # refused after Keras loads: data
+    results = run_cli_cases("train", [[flag, "--epochs=1"] for flag, _ in cases] + [["--help"]], ROOT)
+    for (flag, match), (status, _, err) in zip(cases, results):
         assert status == 2 and "Traceback" not in err and "FATAL" not in err, (flag, err)
         (line,) = [line for line in err.splitlines() if "error:" in line]
         assert match in line and line.startswith("train.py: error:"), (flag, line)
@@ -354,11 +356,10 @@ def test_cli_bad_flags_give_one_line_errors():
 
 
 def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
-    """Issue 46.7: --help and bad flags waited for TensorFlow's import (7 s idle,
-    83-105 s under load; the sweep's and analysis' --help too). They are answered
-    from flag_tables.json in a process where importing Keras or TensorFlow fails;
-    test_flag_tables_match_the_live_flags
-    keeps the table equal to the live flags, whose answers the test above checks."""
+    """--help and bad flags waited for TensorFlow's import (7 s idle, 83-105 s
+    under load). The commands' flags are made from `spec` without Keras, so they
+    are answered in a process where importing Keras or TensorFlow fails, by the
+    same flags whose answers the test above checks after the import."""
     for name in ("keras", "tensorflow"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
@@ -367,34 +368,51 @@ def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
         (["train.py", "--help"], 0, "--learning_rate"), (["-m", "export", "--format=litert"], 2, "--source"),
         (["-m", "export", "--helpfull"], 0, "--base_path"), (["-m", "keras_skipinit.sweep", "--help"], 0, "--preset"),
         (["-m", "keras_skipinit.analysis", "-h"], 0, "--function_change"),
-        (["-m", "keras_skipinit.sweep.quantization", "--help"], 0, "--check_images")]
+        (["-m", "keras_skipinit.sweep.quantization", "--help"], 0, "--check_images"),
+        (["-m", "keras_skipinit.sweep", "--epochs=0"], 2, "--epochs"), (["-m", "keras_skipinit.sweep", "--bogus"], 2, "--bogus")]
     for argv, status, match in cases:
         proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
         assert proc.returncode == status, (argv, proc.stderr[-2000:])
         if status:
             (line,) = proc.stderr.splitlines()
-            assert match in line and line.startswith(("train.py: error:", "export: error:")), (argv, line)
+            assert match in line and line.startswith(("train.py: error:", "export: error:", "python -m keras_skipinit.sweep: error:")), (argv, line)
         else:
             assert match in proc.stdout and not proc.stderr, (argv, proc.stderr[-2000:])
 
 
 @pytest.mark.heavy
-def test_flag_tables_match_the_live_flags():
-    """flag_tables.json (what --help and flag refusals answer from before Keras
-    loads) equals each command's live flags: help text, kinds, defaults, choices,
-    bounds and checks; other libraries' flags are all accepted there."""
-    from keras_skipinit import _flag_table
-
-    with open(_flag_table.TABLES) as f:
-        committed = json.load(f)
-    for command, live in _flag_table.live_tables().items():
-        stale = f"flag_tables.json differs from {command}'s live flags: run python -m keras_skipinit._flag_table"
-        assert committed[command]["help"] == live["help"], stale
-        if command in _flag_table.HELP_COMMANDS:  # argparse: the help text is all that is kept
-            continue
-        table = {r["name"]: r for r in committed[command]["flags"]}
-        assert [r for r in table.values() if not r.get("library")] == [r for r in live["flags"] if not r.get("library")], stale
-        assert all(table.get(r["name"]) == r for r in live["flags"] if r.get("library")), stale
+def test_a_method_added_by_one_record_is_a_flag_choice_and_trains(tmp_path):
+    """Nothing is generated from the method table: in a scratch copy of the
+    package, one `Method` record (a merge scaled by 1/2, a mechanism the
+    recipe has) is listed by train.py --help and accepted by --normalization
+    before Keras loads, and a run of it builds and trains, no other file touched."""
+    copy = tmp_path / "copy"
+    shutil.copytree(os.path.join(ROOT, "keras_skipinit"), copy / "keras_skipinit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "train.py"), copy)
+    methods = copy / "keras_skipinit" / "normalization.py"
+    text = methods.read_text()
+    assert text.count('    "none": Method(') == 1
+    methods.write_text(text.replace('    "none": Method(', '    "halved": Method("Merge halved", "a test", '
+                                    'recipe={"merge_scale": 0.5}),\n    "none": Method('))
+    fake = tmp_path / "fake"
+    for name in ("keras", "tensorflow"):
+        (fake / name).mkdir(parents=True)
+        (fake / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
+    env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{copy}", "KERAS_BACKEND": "tensorflow"}
+    helped = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, env=env, cwd=copy)
+    assert helped.returncode == 0 and "halved" in helped.stdout, helped.stderr[-2000:]
+    refused = subprocess.run([sys.executable, "train.py", "--normalization=halved", "--epochs=0"], capture_output=True,
+                             text=True, env=env, cwd=copy)  # the method passes; the next bad flag is the one named
+    assert refused.returncode == 2 and "--epochs" in refused.stderr and "normalization" not in refused.stderr
+    env["PYTHONPATH"] = str(copy)
+    model_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train.py", "--normalization=halved", "--depth=10", "--epochs=1",
+                           "--steps_per_epoch=2", "--train_examples=64", "--verbose=0", f"--model_dir={model_dir}"],
+                          capture_output=True, text=True, env=env, cwd=copy, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((model_dir / "results.json").read_text())
+    assert results["config"]["normalization"] == "halved" and results["status"] == "completed"
 
 
 @pytest.mark.heavy

@@ -19,21 +19,15 @@ L^-1/2 (m = 2), conv2 and the classifier zero. Convs are He-normal by fan-out
 
 import keras
 
-from keras_skipinit import layers as ksl, normalization as norm_lib
+from keras_skipinit import layers as ksl, normalization as norm_lib, spec
 from keras_skipinit.applications import _base
 
 STAGE_WIDTHS = (16, 32, 64)
 STAGE_STRIDES = (1, 2, 2)
 BRANCH_LAYERS = 2  # Fixup's m for a basic block
-SHORTCUTS = ("A", "B")
-STEM_INITS = ("he_normal", "pytorch_default")
+SHORTCUTS, STEM_INITS = spec.SHORTCUTS, spec.STEM_INITS
+blocks_per_stage = spec.cifar_blocks_per_stage
 FAN_MODE = "fan_out"
-
-
-def blocks_per_stage(depth):
-    if not ksl._is_int(depth) or depth < 8 or (depth - 2) % 6:
-        raise ValueError(f"CifarResNet depth must be 6n+2 with n >= 1 (8, 20, 32, 44, 56, 110, 1202, ...), got {depth!r}.")
-    return int(depth - 2) // 6
 
 
 def block_specs(depth):

@@ -1,6 +1,6 @@
-"""The zoo's one table of architecture facts, and the registry built on it.
+"""The registry built on the zoo's one table of architecture facts.
 
-`ARCHITECTURES` maps each architecture's name (train.py's --model, the
+`ARCHITECTURES` (kept in `keras_skipinit.spec`, read before Keras loads) maps each architecture's name (train.py's --model, the
 sweep's, model_spec.json's) to what the rest of the package needs to know:
 its constructor, title, default input, whether its blocks are
 pre-activation (NF needs them), the depths it takes, and the constructor
@@ -16,75 +16,20 @@ Model names (timm's `create_model` / `list_models`):
   ``cifar_resnet1202`` (He et al. 2016a §4.2, 32x32x3).
 """
 
-import dataclasses
 import fnmatch
+import importlib
 import re
-from typing import Callable
 
-from keras_skipinit.applications import cifar_resnet, resnet, wide_resnet
+from keras_skipinit.spec import ARCHITECTURES, MODELS, Architecture, architecture, title
 
+__all__ = ["ARCHITECTURES", "MODELS", "Architecture", "architecture", "build", "check_options", "create_model",
+           "list_models", "parse_name", "title"]
 
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    title: str
-    label: str  # a model's name in tables and plots, formatted with depth and width
-    constructor: Callable  # constructor(depth, [width,] **keyword arguments)
-    default_input_shape: tuple
-    preactivation: bool  # pre-activation blocks (He et al. 2016b): what normalization='nf' needs
-    depths: str  # the depths it takes, in words
-    check_depth: Callable  # raises ValueError for a depth it does not take
-    takes_width: bool = False  # a widening factor (WRN's k)
-    options: tuple = ()  # constructor arguments only this architecture has (train.py flags of the same name)
-    names: tuple = ()  # the registered model names `list_models` lists
-
-
-def _resnet(version):
-    def constructor(depth, **kwargs):
-        return resnet.ResNet(depth, version, **kwargs)
-
-    return constructor
-
-
-def _resnet_depth(depth):
-    if depth not in resnet.BLOCKS_PER_STAGE:
-        raise ValueError(f"ResNet depth must be one of {sorted(resnet.BLOCKS_PER_STAGE)}, got {depth!r}.")
-
-
-ARCHITECTURES = {
-    "wrn": Architecture(
-        "Wide-ResNet", "WRN-{depth}-{width}", wide_resnet.WideResNet, (32, 32, 3), True, "6k+4 (10, 16, 22, 28, ..., 1000)",
-        wide_resnet.blocks_per_group, takes_width=True,
-        names=tuple(f"wrn_{d}_{k}" for d, k in ((16, 1), (16, 2), (16, 4), (16, 8), (28, 10), (40, 4), (100, 1),
-                                                  (100, 2), (1000, 1)))),
-    "resnet_v1": Architecture(
-        "ResNet V1", "ResNet-{depth} V1", _resnet(1), (224, 224, 3), False, "50, 101, 152", _resnet_depth,
-        names=tuple(f"resnet{d}_v1" for d in resnet.BLOCKS_PER_STAGE)),
-    "resnet_v2": Architecture(
-        "ResNet V2", "ResNet-{depth} V2", _resnet(2), (224, 224, 3), True, "50, 101, 152", _resnet_depth,
-        names=tuple(f"resnet{d}_v2" for d in resnet.BLOCKS_PER_STAGE)),
-    "cifar_resnet": Architecture(
-        "CIFAR ResNet", "ResNet-{depth} (CIFAR)", cifar_resnet.CifarResNet, (32, 32, 3), False, "6n+2 (8, 20, 32, 44, 56, 110, 1202)",
-        cifar_resnet.blocks_per_stage, options=("shortcut", "stem_init"),
-        names=tuple(f"cifar_resnet{d}" for d in (20, 32, 44, 56, 110, 1202))),
-}
-MODELS = tuple(ARCHITECTURES)
 _PATTERNS = (
     (re.compile(r"resnet(\d+)_v([12])"), lambda m: (f"resnet_v{m[2]}", int(m[1]), None)),
     (re.compile(r"wrn_(\d+)_(\d+)"), lambda m: ("wrn", int(m[1]), int(m[2]))),
     (re.compile(r"cifar_resnet(\d+)"), lambda m: ("cifar_resnet", int(m[1]), None)),
 )
-
-
-def architecture(model):
-    """The `Architecture` of `model` (one of `MODELS`), or a ValueError naming them."""
-    if model not in ARCHITECTURES:
-        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    return ARCHITECTURES[model]
-
-
-def title(model, depth="n", width=None):
-    """The name tables and plots use: WRN-16-1, ResNet-50 V2, ResNet-20 (CIFAR)."""
-    return architecture(model).label.format(depth=depth, width=width)
 
 
 def check_options(model, **options):
@@ -100,11 +45,13 @@ def build(model, depth, width=None, **kwargs):
     """The zoo's model `model` (one of `MODELS`) of `depth`; `width` is the
     WRN widening factor (WRN only); keyword arguments go to the constructor."""
     arch = architecture(model)
+    module, name = arch.constructor.split(":")
+    constructor = getattr(importlib.import_module(f"keras_skipinit.applications.{module}"), name)
     if arch.takes_width:
-        return arch.constructor(depth, width, **kwargs)
+        return constructor(depth, width, *arch.version, **kwargs)
     if width is not None:
         raise ValueError(f"width applies only to model='wrn', got width={width!r} for model={model!r}")
-    return arch.constructor(depth, **kwargs)
+    return constructor(depth, *arch.version, **kwargs)
 
 
 def parse_name(name):

@@ -9,10 +9,10 @@ App. G, keras.applications); V1 in the first block of the last three stages.
 
 import keras
 
-from keras_skipinit import normalization as norm_lib
+from keras_skipinit import normalization as norm_lib, spec
 from keras_skipinit.applications import _base
 
-BLOCKS_PER_STAGE = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+BLOCKS_PER_STAGE = spec.RESNET_BLOCKS
 STAGE_FILTERS = (64, 128, 256, 512)  # bottleneck width; block output is 4x
 EXPANSION = 4
 BRANCH_LAYERS = 3  # Fixup's m for a bottleneck branch
@@ -93,8 +93,7 @@ def ResNet(depth, version, **arguments):
     classifier_activation, name), then the keyword-only arguments below.
     `pyramid_outputs=True`: {"P2", "P3", "P4", "P5"} at strides 4, 8, 16, 32.
     """
-    if depth not in BLOCKS_PER_STAGE:
-        raise ValueError(f"ResNet depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}.")
+    spec.resnet_blocks(depth)
     if version not in (1, 2):
         raise ValueError(f"ResNet version must be 1 or 2, got {version!r}.")
     context = norm_lib.Context(num_blocks=sum(BLOCKS_PER_STAGE[depth]), branch_layers=BRANCH_LAYERS, v1=version == 1,

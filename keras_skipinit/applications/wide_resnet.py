@@ -8,18 +8,13 @@ average pooling and the classifier. The SkipInit paper trains n-2 for n in
 
 import keras
 
-from keras_skipinit import layers as ksl, normalization as norm_lib
+from keras_skipinit import layers as ksl, normalization as norm_lib, spec
 from keras_skipinit.applications import _base
 
 GROUP_WIDTHS = (16, 32, 64)
 GROUP_STRIDES = (1, 2, 2)
 BRANCH_LAYERS = 2  # Fixup's m for a basic block
-
-
-def blocks_per_group(depth):
-    if not ksl._is_int(depth) or depth < 10 or (depth - 4) % 6:
-        raise ValueError(f"WideResNet depth must be 6k+4 with k >= 1 (10, 16, 22, 28, ..., 1000, ...), got {depth!r}.")
-    return int(depth - 4) // 6
+blocks_per_group = spec.wrn_blocks_per_group
 
 
 def block_specs(depth, width):

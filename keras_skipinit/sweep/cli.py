@@ -5,8 +5,7 @@ import math
 import os
 import sys
 
-from keras_skipinit import _cli, preprocessing
-from keras_skipinit.applications import MODELS
+from keras_skipinit import _cli, spec
 from keras_skipinit.sweep import log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
@@ -47,7 +46,8 @@ def _method_ints(text):
 
 
 def build_parser():
-    """The sweep's flags (their help is also answered from flag_tables.json, before Keras loads)."""
+    """The sweep's flags: its own, and train.py's settings it passes on (help, kinds, choices from `spec.Config`).
+    No Keras is imported here: `_cli.preparse` answers --help and bad flags before it loads."""
     parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE,
@@ -57,16 +57,20 @@ def build_parser():
                         "log2 rate where --best_k of --seeds runs train, searched an octave at a time; survival: "
                         "per rate the fraction of --seeds runs that train, with 95%% intervals, and the rate where "
                         "half train")
-    parser.add_argument("--model", choices=MODELS, default="wrn",
-                        help="architecture (train.py's --model); one model per --out")
+    spec.add_arguments(parser, {"model": "wrn", "width": 1, "dataset": spec.EMBEDDED, "data_dir": None,
+                                "manual_dir": None, "epochs": 3, "schedule": "cifar", "steps_per_epoch": None,
+                                "batch_size": 32, "train_examples": None, "validation_examples": None,
+                                "ghost_batch_size": None, "bn_momentum": None, "l2": None, "mixup_alpha": None,
+                                "preprocessing": None, "xla": False, "loop_blocks": False, "checkpoint_steps": 0},
+                       notes={"model": "One model per --out.", "validation_examples": "Runs that choose the lr do.",
+                              "checkpoint_steps": "A run killed midway (a deep one: an hour) loses at most N steps; "
+                              "not an experiment setting.", "l2": "Default: train.py's.",
+                              "mixup_alpha": "Default: train.py's.", "bn_momentum": "PyTorch's default: 0.9."})
     parser.add_argument("--depths", type=_ints, default=[16, 100])
     parser.add_argument("--batch_sizes", type=_ints, default=None,
                         help="batch sizes as a cell's axis (--protocol=batch_scaling); default: --batch_size")
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="accumulate each batch from micro-batches of at most this size (SkipInit §3)")
-    parser.add_argument("--ghost_batch_size", type=int, default=None,
-                        help="ghost batch size of the ghost_batchnorm method (default: train.py's)")
-    parser.add_argument("--width", type=int, default=1, help="WRN widening factor (WRN only)")
     parser.add_argument("--methods", type=_names,
                         default=["batchnorm", "skipinit_one", "skipinit_inv_sqrt_d", "skipinit", "sqrt2", "none"])
     parser.add_argument("--log2_lrs", type=_halves, default=None,
@@ -82,13 +86,6 @@ def build_parser():
     parser.add_argument("--classes", type=int, default=10,
                         help="--protocol=survival: a run trained by loss ends below ln(classes) - 0.1 in training "
                         "cross-entropy")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--schedule", default="cifar")
-    parser.add_argument("--steps_per_epoch", type=int, default=None)
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--train_examples", type=int, default=None)
-    parser.add_argument("--validation_examples", type=int, default=None,
-                        help="runs that choose the lr evaluate on the last N training images, not the test set")
     parser.add_argument("--final_seeds", type=int, default=0,
                         help="then train this many seeds at each cell's best lr on all training images (test set)")
     parser.add_argument("--centre_log2_lrs", type=_method_ints, default={},
@@ -97,19 +94,6 @@ def build_parser():
                         help="converged protocol: method=k,... skips that method's selection and runs its final seeds at 2^k")
     parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16", "auto"), default="none",
                         help="auto: bfloat16 on a CPU with bfloat16 instructions, else float32 (none)")
-    parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=False)
-    parser.add_argument("--loop_blocks", action=argparse.BooleanOptionalAction, default=False)
-    parser.add_argument("--checkpoint_steps", type=int, default=0,
-                        help="each run also checkpoints every N steps (0: at the end of its epochs), so that a run "
-                             "killed midway (a deep one: an hour) loses at most N steps; not an experiment setting")
-    parser.add_argument("--bn_momentum", type=_finite, default=None, help="for the BN methods (PyTorch's default: 0.9)")
-    parser.add_argument("--l2", type=_finite, default=None, help="train.py's --l2 (default 5e-4 * sum(w^2) on kernels)")
-    parser.add_argument("--mixup_alpha", type=_finite, default=None, help="train.py's --mixup_alpha (default 0: none)")
-    parser.add_argument("--preprocessing", choices=preprocessing.CHOICES, default=None,
-                        help="train.py's --preprocessing (default: the dataset's own)")
-    parser.add_argument("--dataset", default="mnist_embedded")
-    parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--manual_dir", default=None, help="train.py's --manual_dir (a dataset's original files)")
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
@@ -177,6 +161,18 @@ def parse_args(argv=None):
         args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
         args.manual_dir = args.manual_dir and os.path.abspath(args.manual_dir)
     return args
+
+
+def quantization_parser():
+    """`python -m keras_skipinit.sweep.quantization`'s flags (here, not there: the pre-parse imports no module
+    that runpy then runs)."""
+    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description="The int8 study, step 2: every completed final run of a sweep's --out exported float32, float16 and "
+                                 "int8 (LiteRT) and float32 and int8 (ONNX Runtime), each file's top-1 accuracy measured in its runtime.")
+    parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
+    parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
+    parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
+    parser.add_argument("--report_only", action="store_true", help="rewrite quantization.md from quantization.jsonl")
+    return parser
 
 
 def main(argv=None):

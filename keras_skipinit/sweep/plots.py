@@ -8,14 +8,14 @@ import os
 import numpy as np
 
 from keras_skipinit import files
-from keras_skipinit.applications import registry
+from keras_skipinit import spec
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 from keras_skipinit.sweep.protocol import PAPER_LOG2_RANGE, lr_label
 
 
 def arch(args, depth="n"):
     """The architecture's name for tables and plots, e.g. WRN-16-1, ResNet-20."""
-    return registry.title(args.model, depth, args.width)
+    return spec.title(args.model, depth, args.width)
 
 
 def _save_figure(fig, path):

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from keras_skipinit import spec
+
 SELECT, FINAL = "select", "final"
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds
@@ -59,9 +61,7 @@ def in_cell(runs, cell, phase=None):
 # (runner.check_same_experiment), and a --beside folder is shown only if its sweep does. The method,
 # depth, batch, rate and seed are a run's ident; speed settings, paths and --mixed_precision=auto (which
 # differs by machine on purpose) are not the experiment.
-EXPERIMENT = ("model", "width", "epochs", "schedule", "steps_per_epoch", "dataset", "train_examples",
-              "validation_examples", "accumulation_steps", "ghost_batch_size", "bn_momentum", "momentum", "l2",
-              "mixup_alpha", "preprocessing")
+EXPERIMENT = spec.EXPERIMENT  # the settings one sweep folder's runs share (`spec.setting(experiment=True)`)
 
 
 def summarize(runs, best_k, chance, key="test_top1", lower_is_better=False):

@@ -67,9 +67,11 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         model_dir = os.path.join(out, run["results"]["config"]["model_dir"])  # relative to --out (runner.record)
         model, preprocessing, _ = serving.load_source(model_dir)
         config = run_dir.read_spec(model_dir)["config"]
-        name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"))
+        name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"), config.get("image_size"),
+                config.get("channels"))
         if name not in datasets:
-            dataset = data_lib.load(*name)
+            dataset = data_lib.load_for({**config, "train_examples": None, "validation_examples": None,
+                                         "preprocessing": None})
             images, labels = pipelines.sample_images(dataset, "eval", check_images, dataset.preprocessing)
             calibration, _ = pipelines.sample_images(dataset, "train", calibration_images, dataset.preprocessing)
             datasets[name] = (dataset.eval_split, images, labels, calibration)
@@ -138,20 +140,10 @@ def table(records):
     return "\n".join(lines) + "\n"
 
 
-def build_parser():
-    """The CLI's flags (their help is also answered from flag_tables.json, before Keras loads)."""
-    from keras_skipinit import _cli
-
-    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
-    parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
-    parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
-    parser.add_argument("--report_only", action="store_true", help="rewrite quantization.md from quantization.jsonl")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
+    from keras_skipinit.sweep import cli
+
+    parser = cli.quantization_parser()
     args = parser.parse_args(argv)
     if args.check_images < 1 or args.calibration_images < 1:
         parser.error("--check_images and --calibration_images must be positive")

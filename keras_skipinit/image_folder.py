@@ -1,0 +1,186 @@
+"""A folder of your own images as a dataset: `--dataset=PATH`.
+
+The layout timm, TFDS's `ImageFolder` and torchvision's `ImageFolder` share:
+``PATH/<split>/<class>/<image>``, with a ``train`` split and a ``test`` split
+(else ``validation`` or ``val``, evaluated instead). Class names are the
+class folders' names, sorted (label i is the i-th); every split has the same
+classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
+
+- channels: `channels` (1 or 3), else the majority's: grayscale images
+  (modes 1, L, LA, I, F) against colour ones (RGB, RGBA, P, CMYK, ...); a tie
+  is colour. Alpha is dropped, palettes are expanded.
+- size: `image_size` (square), else the images' own size when they all share
+  one, else `default_size` (the model's: 32 for the CIFAR-style nets, 224
+  for the ResNets). Resized as evaluation does it: the shorter side to the
+  size (bilinear), then the centre square.
+
+The images are decoded once, by PIL in threads (no TensorFlow: the same
+arrays on every backend and feed), into memory (`data` then feeds them as
+any in-memory dataset). Bad folders are one line (ValueError) before any
+training: a missing folder or split, a class folder without images, a split
+whose classes differ from train's, a file that is not a readable image
+(`skip_bad`: skipped and counted instead), a folder larger than the memory
+available. Nothing is written into the folder.
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+
+import numpy as np
+
+SPLITS = ("train", "test", "validation", "val")
+_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+
+
+@dataclasses.dataclass
+class Folder:
+    train: tuple  # (uint8 images (N, H, W, C), int64 labels (N,))
+    test: tuple
+    eval_split: str  # the split folder evaluated: "test", "validation" or "val"
+    classes: tuple
+    skipped: tuple = ()  # the files skipped as unreadable (skip_bad)
+
+
+def looks_like_folder(name):
+    """Whether --dataset names a folder, not a TFDS dataset: an existing
+    directory, or a path (/, ./, ../, ~) that does not exist (refused by name)."""
+    return os.path.isdir(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
+
+
+def _listing(folder, want_dirs):
+    return sorted(entry.name for entry in os.scandir(folder) if not entry.name.startswith(".")
+                  and (entry.is_dir() if want_dirs else entry.is_file()))
+
+
+def layout(path):
+    """{split: {class: [file paths]}} of the train and evaluated splits, and the
+    evaluated split's name, checked; nothing is decoded."""
+    root = os.path.expanduser(path)
+    if not os.path.isdir(root):
+        raise ValueError(f"--dataset={path}: no such folder (a folder of images is PATH/train/<class>/<image>, "
+                         "PATH/test/<class>/<image>)")
+    splits = [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
+    if "train" not in splits:
+        raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
+                         f"{path}/test/<class>/<image>")
+    evaluated = next((s for s in splits if s != "train"), None)
+    if evaluated is None:
+        raise ValueError(f"--dataset={path} has no test/ (or validation/, val/) folder beside train/: the images "
+                         "a run is evaluated on")
+    found = {}
+    for split in ("train", evaluated):
+        classes = _listing(os.path.join(root, split), want_dirs=True)
+        if not classes:
+            raise ValueError(f"{os.path.join(path, split)} holds no class folders: images go in "
+                             f"{os.path.join(path, split, '<class>', '<image>')}")
+        found[split] = {}
+        for name in classes:
+            folder = os.path.join(root, split, name)
+            files = [os.path.join(folder, f) for f in _listing(folder, want_dirs=False)]
+            if not files:
+                raise ValueError(f"{os.path.join(path, split, name)} holds no images")
+            found[split][name] = files
+    if list(found[evaluated]) != list(found["train"]):
+        missing = sorted(set(found["train"]) - set(found[evaluated]))
+        extra = sorted(set(found[evaluated]) - set(found["train"]))
+        raise ValueError(f"{os.path.join(path, evaluated)} and {os.path.join(path, 'train')} have different classes"
+                         + (f"; missing from {evaluated}/: {', '.join(missing)}" if missing else "")
+                         + (f"; not in train/: {', '.join(extra)}" if extra else ""))
+    return found, evaluated
+
+
+def _header(file):
+    """(mode, (width, height)) of an image file without decoding it, or None
+    where PIL cannot read it as an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(file) as image:
+            return image.mode, image.size
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+
+
+def _bad(file, why, skip_bad):
+    if not skip_bad:
+        raise ValueError(f"{file}: {why} (pass --skip_bad_images to skip such files)")
+
+
+def _decode(file, mode, size):
+    """One image as a uint8 (H, W, C) array in `mode` ("L" or "RGB"), the
+    shorter side resized to `size` and the centre square kept (size None:
+    as it is); None where decoding fails (a truncated or corrupt file)."""
+    from PIL import Image
+
+    try:
+        with Image.open(file) as image:
+            image.seek(0)  # a GIF's first frame
+            image.load()
+            image = image.convert(mode)
+    except (OSError, ValueError, SyntaxError):
+        return None
+    if size is not None:
+        width, height = image.size
+        scale = size / min(width, height)
+        new = (max(size, round(width * scale)), max(size, round(height * scale)))
+        if new != image.size:
+            image = image.resize(new, Image.BILINEAR)
+        left, top = (new[0] - size) // 2, (new[1] - size) // 2
+        image = image.crop((left, top, left + size, top + size))
+    array = np.asarray(image, np.uint8)
+    return array[..., None] if array.ndim == 2 else array
+
+
+def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None):
+    """The `Folder` at `path` (see the module docstring)."""
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels!r}")
+    if image_size is not None and image_size < 1:
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    found, evaluated = layout(path)
+    files = [(split, label, f) for split in ("train", evaluated)
+             for label, name in enumerate(found[split]) for f in found[split][name]]
+    with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
+        headers = list(pool.map(_header, (f for _, _, f in files)))
+    skipped = []
+    kept = []
+    for (split, label, file), header in zip(files, headers):
+        if header is None:
+            _bad(file, "not an image file (JPEG, PNG, BMP, GIF or WebP) that PIL can read", skip_bad)
+            skipped.append(file)
+        else:
+            kept.append((split, label, file, header))
+    gray = sum(mode in _GRAY_MODES for *_, (mode, _) in kept)
+    channels = channels or (1 if gray > len(kept) - gray else 3)
+    sizes = {size for *_, (_, size) in kept}
+    shared = next(iter(sizes)) if len(sizes) == 1 else None
+    size = image_size or (None if shared else default_size)
+    height, width = (size, size) if size else (shared[1], shared[0])
+    _check_memory(path, len(kept) * height * width * channels)
+    mode = "L" if channels == 1 else "RGB"
+    with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
+        arrays = list(pool.map(lambda item: _decode(item[2], mode, size), kept))
+    splits = {"train": ([], []), evaluated: ([], [])}
+    for (split, label, file, _), array in zip(kept, arrays):
+        if array is None:
+            _bad(file, "truncated or corrupt: PIL cannot decode it", skip_bad)
+            skipped.append(file)
+            continue
+        splits[split][0].append(array)
+        splits[split][1].append(label)
+    for split, (images, _) in splits.items():
+        if not images:
+            raise ValueError(f"{os.path.join(path, split)}: every image was skipped as unreadable")
+    train, test = ((np.stack(images), np.asarray(labels, np.int64)) for images, labels in
+                   (splits["train"], splits[evaluated]))
+    return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
+
+
+def _check_memory(path, need):
+    from keras_skipinit import machine
+
+    have = machine.available_memory_bytes()
+    if have is not None and need > have // 2:
+        raise ValueError(f"--dataset={path}: its images at the chosen size need {need / 2**30:.1f} GiB in memory, "
+                         f"more than half the {have / 2**30:.1f} GiB available; pass a smaller --image_size")
