@@ -47,6 +47,7 @@ setup(
         "console_scripts": [
             "keras-skipinit-train=keras_skipinit.train_cli:run",
             "keras-skipinit-export=keras_skipinit.export_cli:run",
+            "keras-skipinit-predict=keras_skipinit.predict.cli:run",
         ]
     },
 )

@@ -19,7 +19,8 @@ if _startup.our_command():  # before Keras loads TensorFlow: our commands start 
         from keras_skipinit import _cli
 
         _cli.preparse(_command)
-        print(f"Loading Keras on {_startup.requested_backend()} (seconds; a minute on a busy machine)...", flush=True)
+        print(f"Loading Keras on {_startup.requested_backend()} (seconds; a minute on a busy machine)...", flush=True,
+              file=sys.stderr if _command.startswith("keras_skipinit.predict") else sys.stdout)  # its stdout: answers
     _startup.quiet_start()
 elif "keras" not in sys.modules and (_missing := _startup.missing_backend()):  # Keras' error names only the module
     raise ImportError(_missing)

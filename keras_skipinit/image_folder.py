@@ -107,10 +107,11 @@ def _bad(file, why, skip_bad):
         raise ValueError(f"{file}: {why} (pass --skip_bad_images to skip such files)")
 
 
-def _decode(file, mode, size):
+def decode(file, mode, size, crop=None):
     """One image as a uint8 (H, W, C) array in `mode` ("L" or "RGB"), the
-    shorter side resized to `size` and the centre square kept (size None:
-    as it is); None where decoding fails (a truncated or corrupt file)."""
+    shorter side resized to `size` and the centre `crop` square kept (crop
+    None: `size`; size None: as it is); None where decoding fails (a
+    truncated or corrupt file)."""
     from PIL import Image
 
     try:
@@ -126,8 +127,9 @@ def _decode(file, mode, size):
         new = (max(size, round(width * scale)), max(size, round(height * scale)))
         if new != image.size:
             image = image.resize(new, Image.BILINEAR)
-        left, top = (new[0] - size) // 2, (new[1] - size) // 2
-        image = image.crop((left, top, left + size, top + size))
+        crop = crop or size
+        left, top = (new[0] - crop) // 2, (new[1] - crop) // 2
+        image = image.crop((left, top, left + crop, top + crop))
     array = np.asarray(image, np.uint8)
     return array[..., None] if array.ndim == 2 else array
 
@@ -160,7 +162,7 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     _check_memory(path, len(kept) * height * width * channels)
     mode = "L" if channels == 1 else "RGB"
     with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
-        arrays = list(pool.map(lambda item: _decode(item[2], mode, size), kept))
+        arrays = list(pool.map(lambda item: decode(item[2], mode, size), kept))
     splits = {"train": ([], []), evaluated: ([], [])}
     for (split, label, file, _), array in zip(kept, arrays):
         if array is None:

@@ -1,0 +1,250 @@
+"""What is in these images: `python -m keras_skipinit.predict --source=S IMAGE_OR_FOLDER ...`.
+
+One line per image on stdout, `path<TAB>label<TAB>score` (top-1; `--top_k=K`
+adds K-1 more label/score pairs), and with `--output=FILE.csv` the same as a
+CSV, written atomically. `--source` answers in its own runtime, so the file
+users deploy is the file that answers:
+
+- a train.py model_dir (its newest state) or a `.keras` file train.py saved:
+  Keras, on this process's backend, with the run's recorded preprocessing;
+- a SavedModel version directory (`python -m export`): TensorFlow, its
+  `serving_default` signature (its own in-graph preprocessing);
+- a `.tflite` (LiteRT) or `.onnx` (ONNX Runtime) file from `--format=litert|onnx`.
+
+Images (files, or folders searched recursively for JPEG, PNG, BMP, GIF and
+WebP) are decoded by PIL into the model's channels and evaluation size: the
+shorter side resized to the model's size and the centre square kept (for
+ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
+training folder. Class names: the run's, or `<file>.labels.txt` beside an
+exported file (else the class index). An unreadable image is a line on
+stderr; the others are answered, and the exit status is then 1. Exit 2: bad
+flags or a bad --source; 0: every image answered.
+"""
+
+import csv
+import dataclasses
+import io
+import os
+import sys
+
+import numpy as np
+
+from keras_skipinit import _cli, image_folder
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+NAME = "python -m keras_skipinit.predict"
+
+
+def build_parser():
+    """The command's flags (no Keras here: `_cli.preparse` answers --help and bad flags before it loads)."""
+    parser = _cli.ArgumentParser(prog=NAME, description="What is in these images, from a trained run or an exported "
+                                 "file (one line per image: path, label, score).")
+    parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
+    parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
+                        "directory, a .tflite or a .onnx file")
+    parser.add_argument("--top_k", type=_positive, default=1, help="classes per image (default 1)")
+    parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
+    parser.add_argument("--batch_size", type=_positive, default=64, help="images per model call")
+    return parser
+
+
+def _positive(text):
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+@dataclasses.dataclass
+class Source:
+    description: str
+    shape: tuple  # (height, width, channels) of the uint8 images `probabilities` takes
+    resize: int  # shorter side resized to this, then the centre `shape[0]` square kept
+    labels: dict  # class index -> name, where known
+    probabilities: object  # (uint8 batch, their files) -> float32 (batch, classes)
+
+
+def image_files(paths):
+    """The image files `paths` name, folders searched recursively in sorted order."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            for folder, subfolders, names in os.walk(path):
+                subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+                found += [os.path.join(folder, n) for n in sorted(names)
+                          if n.lower().endswith(IMAGE_SUFFIXES) and not n.startswith(".")]
+        elif os.path.isfile(path):
+            found.append(path)
+        else:
+            raise ValueError(f"{path}: no such image file or folder")
+    if not found:
+        raise ValueError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) in {', '.join(paths)}")
+    return found
+
+
+def load(source):
+    """The `Source` that --source names, in its own runtime."""
+    if os.path.isdir(source) and os.path.exists(os.path.join(source, "saved_model.pb")):
+        return _saved_model(source)
+    if source.endswith((".tflite", ".onnx")):
+        return _exported_file(source)
+    return _keras(source)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _keras(source):
+    import keras
+
+    from keras_skipinit import preprocessing as preprocessing_lib, run_dir
+
+    labels = None
+    if os.path.isdir(source):
+        if not os.path.exists(os.path.join(source, run_dir.SPEC)):
+            raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
+                             "version directory (no saved_model.pb)")
+        model, preprocessing, description = run_dir.newest_model(source)
+        labels = run_dir.read_spec(source).get("labels")
+    elif os.path.isfile(source):
+        model, description = run_dir.load_keras(source), source
+        preprocessing = (run_dir.keras_metadata(source) or {}).get("preprocessing")
+        if preprocessing is None:
+            raise ValueError(f"--source={source} does not record the preprocessing it was trained with (a .keras "
+                             "file train.py did not save)")
+    else:
+        raise ValueError(f"--source={source}: no such model_dir or file")
+    prep = preprocessing_lib.get(preprocessing)
+    softmax_inside = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
+
+    def probabilities(images, files):
+        out = keras.ops.convert_to_numpy(model(prep.numpy(images), training=False)).astype(np.float32)
+        return out if softmax_inside else _softmax(out)
+
+    height, width, channels = model.input_shape[1:]
+    resize = preprocessing_lib.IMAGENET_RESIZE if prep.input_size else height
+    return Source(description, (height, width, channels), resize, dict(enumerate(labels or ())), probabilities)
+
+
+def _saved_model(path):
+    missing = _cli.without_tensorflow(f"--source={path} (a SavedModel)")
+    if missing:
+        raise ValueError(missing)
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    height, width, channels = serve.structured_input_signature[1]["images"].shape[1:]
+    labels = {}
+
+    def probabilities(images, files):
+        out = serve(images=tf.constant(images))
+        if "top_k_labels" in out:  # the names of the classes it answered
+            for classes, names in zip(out["top_k_classes"].numpy(), out["top_k_labels"].numpy()):
+                labels.update((int(c), n.decode()) for c, n in zip(classes, names))
+        return out["probabilities"].numpy().astype(np.float32)
+
+    if height is None:  # it resizes images itself (ImageNet preprocessing): give them at 224 as the others
+        from keras_skipinit import preprocessing as preprocessing_lib
+
+        height = width = preprocessing_lib.IMAGENET_SIZE
+    return Source(f"SavedModel {path}", (height, width, channels), height, labels, probabilities)
+
+
+def _exported_file(path):
+    if not os.path.isfile(path):
+        raise ValueError(f"--source={path}: no such file")
+    missing = _cli.without_tensorflow(f"--source={path}")  # the runners live beside the converters (deploy)
+    if missing:
+        raise ValueError(missing)
+    from keras_skipinit import deploy, publish
+
+    fmt = deploy.format_of(path)
+    deploy.require(fmt)
+    run = deploy.FORMATS[fmt].runner(path)
+    if fmt == "litert":
+        from ai_edge_litert.interpreter import Interpreter
+
+        shape = Interpreter(model_path=path).get_signature_runner().get_input_details()["images"]["shape"][1:]
+    else:
+        import onnxruntime
+
+        shape = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].shape[1:]
+    labels_file = publish.labels_path(path)
+    labels = {}
+    if os.path.isfile(labels_file):
+        with open(labels_file, encoding="utf-8") as f:
+            labels = dict(enumerate(line.rstrip("\n") for line in f if line.strip()))
+    height, width, channels = (int(d) for d in shape)
+    return Source(path, (height, width, channels), height, labels,
+                  lambda images, files: np.asarray(run(images), np.float32))
+
+
+def predict(source, files, top_k=1, batch_size=64, progress=None):
+    """[(file, [(label, score), ...] or None where it could not be read)], in the files' order."""
+    height, width, channels = source.shape
+    mode = "L" if channels == 1 else "RGB"
+    answers = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start : start + batch_size]
+        decoded = [image_folder.decode(f, mode, source.resize, height) for f in chunk]
+        readable = [(f, x) for f, x in zip(chunk, decoded) if x is not None and x.shape == (height, width, channels)]
+        ranked = {}
+        if readable:
+            probabilities = source.probabilities(np.stack([x for _, x in readable]), [f for f, _ in readable])
+            for (f, _), row in zip(readable, probabilities):
+                top = np.argsort(-row, kind="stable")[:top_k]
+                ranked[f] = [(int(c), float(row[c])) for c in top]
+        answers += [(f, ranked.get(f)) for f in chunk]
+        if progress:
+            progress(min(start + batch_size, len(files)), len(files))
+    return [(f, None if r is None else [(source.labels.get(c, str(c)), s) for c, s in r]) for f, r in answers]
+
+
+def _progress(done, total):
+    print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        files = image_files(args.images)
+        if args.output is not None and os.path.isdir(args.output):
+            raise ValueError(f"--output={args.output} is a folder, not a CSV file")
+        source = load(args.source)
+    except ValueError as e:
+        _cli.refuse(NAME, str(e))
+    answers = predict(source, files, args.top_k, args.batch_size,
+                      _progress if sys.stderr.isatty() and len(files) > args.batch_size else None)
+    rows = []
+    for file, ranked in answers:
+        if ranked is None:
+            print(f"{NAME}: {file}: not a readable image (or not one PIL decodes)", file=sys.stderr)
+            continue
+        row = [file] + [value for label, score in ranked for value in (label, f"{score:.4f}")]
+        rows.append(row)
+        try:
+            print("\t".join(row), flush=True)
+        except BrokenPipeError:  # `| head`: the rest goes to --output only
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if args.output is not None:
+        from keras_skipinit import files as files_lib
+
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(["path"] + [f"{what}_{k + 1}" for k in range(args.top_k) for what in ("label", "score")])
+        writer.writerows(rows)
+        files_lib.write_atomic(args.output, text.getvalue())
+    return 0 if len(rows) == len(answers) else 1
+
+
+def run():
+    """Console entry point (keras-skipinit-predict)."""
+    sys.exit(main())

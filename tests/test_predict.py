@@ -1,0 +1,98 @@
+"""`python -m keras_skipinit.predict`: real digits written as PNG files at test
+time, answered by a short train.py run, its SavedModel and its LiteRT and
+ONNX files. The run's own answers need no TensorFlow (CI's JAX stage runs
+the first tests)."""
+
+import csv
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import require_module, tf_only
+from keras_skipinit import digits, preprocessing, run_dir, training
+from keras_skipinit.predict import cli as predict
+
+
+@pytest.fixture(scope="module")
+def run_and_images(tmp_path_factory):
+    """A 20-step WRN-10-1 run on the embedded digits, and 40 of its test digits as PNG files (4 of each)."""
+    root = tmp_path_factory.mktemp("predict")
+    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
+                                   alpha_init="one", verbose=0, model_dir=str(root / "run")))
+    (_, _), (x, y) = digits.split()
+    folder = root / "images" / "nested"
+    folder.mkdir(parents=True)
+    for digit in range(10):
+        for i, image in enumerate(x[y == digit][:4]):
+            Image.fromarray(image[..., 0]).save(folder / f"{digit}_{i}.png")
+    return root / "run", root / "images"
+
+
+def answers(capsys, *argv):
+    status = predict.main([str(a) for a in argv])
+    out = capsys.readouterr().out
+    return status, [line.split("\t") for line in out.splitlines()]
+
+
+def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path):
+    """Each line: path, label (the run's class names), score; the labels are
+    the argmax of the Keras model on the run's evaluation preprocessing of the
+    same pixels, and the CSV holds the same rows."""
+    run, images = run_and_images
+    status, lines = answers(capsys, f"--source={run}", images, "--top_k=2", f"--output={tmp_path / 'a.csv'}")
+    files = sorted(str(p) for p in images.rglob("*.png"))
+    assert status == 0 and [line[0] for line in lines] == files and all(len(line) == 5 for line in lines)
+    model, prep, _ = run_dir.newest_model(str(run))
+    x = np.stack([np.asarray(Image.open(f))[..., None] for f in files])
+    want = np.argmax(np.asarray(model(preprocessing.get(prep).numpy(x), training=False)), axis=-1)
+    assert [line[1] for line in lines] == [str(c) for c in want]  # the digits' class names are "0".."9"
+    assert all(float(line[2]) >= float(line[4]) for line in lines)
+    with open(tmp_path / "a.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["path", "label_1", "score_1", "label_2", "score_2"] and rows[1:] == lines
+
+
+def test_unreadable_images_are_named_and_the_others_answered(run_and_images, capsys, tmp_path):
+    run, images = run_and_images
+    broken = tmp_path / "broken.png"
+    broken.write_text("not an image")
+    status = predict.main([f"--source={run}", str(images), str(broken)])
+    out, err = capsys.readouterr()
+    assert status == 1 and len(out.splitlines()) == 40 and "broken.png: not a readable image" in err
+    for argv, match in (([f"--source={tmp_path / 'none'}", str(images)], "no such model_dir or file"),
+                        ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder")):
+        with pytest.raises(SystemExit) as exit_:
+            predict.main(argv)
+        assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+@tf_only
+def test_the_saved_model_answers_as_the_run(run_and_images, capsys, tmp_path):
+    """The file users deploy is the file that answers: the SavedModel's
+    serving_default gives the run's top-1 labels on every image (the issue asks 95%)."""
+    from keras_skipinit import serving
+
+    run, images = run_and_images
+    model, prep, _ = serving.load_source(str(run))
+    saved = serving.export(model, str(tmp_path / "serving"), "digits", preprocessing=prep,
+                           labels=run_dir.read_spec(str(run))["labels"])
+    _, from_run = answers(capsys, f"--source={run}", images)
+    status, from_saved = answers(capsys, f"--source={saved}", images)
+    assert status == 0 and [line[:2] for line in from_saved] == [line[:2] for line in from_run]
+
+
+@tf_only
+def test_litert_and_onnx_files_answer_as_the_run(run_and_images, capsys, tmp_path):
+    from keras_skipinit import deploy, serving
+
+    for module in ("ai_edge_litert", "onnxruntime", "tf2onnx"):
+        require_module(module, 'pip install -e ".[export]"')
+    run, images = run_and_images
+    _, from_run = answers(capsys, f"--source={run}", images)
+    model, prep, _ = serving.load_source(str(run))
+    for fmt in ("litert", "onnx"):
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), prep,
+                                  labels=run_dir.read_spec(str(run))["labels"])
+        status, lines = answers(capsys, f"--source={path}", images)
+        assert status == 0 and [line[:2] for line in lines] == [line[:2] for line in from_run], fmt
