@@ -30,8 +30,8 @@ import time
 
 import keras
 
-from keras_skipinit import applications, data as data_lib, distribute, files, lsuv, machine, memory, pipelines, run_dir
-from keras_skipinit import normalization as norm_lib, schedules, spec
+from keras_skipinit import applications, data as data_lib, distribute, files, finetune, lsuv, machine, memory, pipelines
+from keras_skipinit import normalization as norm_lib, run_dir, schedules, spec
 from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
@@ -65,6 +65,7 @@ def validate(config):
     if not c.model_dir or not c.model_dir.strip():
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
     run_dir.check_writable(c.model_dir, "--model_dir")
+    finetune.check(c)
 
 
 _OPTION_FLAGS = {name: option.flag for name, option in norm_lib.OPTIONS.items()}
@@ -125,6 +126,8 @@ def compiled_model(config, dataset, steps_per_epoch):
     """The model with the papers' optimizer, L2 and metrics, compiled as
     `train` runs it (also what benchmarks/ time)."""
     model = build_model(config, dataset)
+    if config.freeze_backbone:
+        finetune.freeze_backbone(model)
     add_l2(model, config.l2)
     optimizer = ScalarLRSGD(
         scalar_lr_multiplier=scalar_lr(config),
@@ -233,6 +236,10 @@ def _train(config, strategy, out_dir, start, interrupt):
         checkpoint = Checkpoint(
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
+        if config.init_from and not checkpoint.all():  # a resumed run continues from its own checkpoint
+            started = finetune.load_into(model, config.init_from)
+            if chief:
+                print(started, flush=True)
         if config.lsuv and not checkpoint.all():
             images, _ = pipelines.first_batch(pipelines.train_pipeline(dataset, micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)

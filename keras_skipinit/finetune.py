@@ -1,0 +1,88 @@
+"""A run started from another run's weights (`--init_from`), and a run that
+trains the classifier only (`--freeze_backbone`, a linear probe).
+
+The source is a train.py model_dir (its newest state) or a `.keras` file.
+Its layers' weights are copied into the new model's layers of the same name:
+every layer but the head must match (the same architecture, method, depth,
+width, looping and input channels; the image size may differ), else one
+line names what differs. The head (the classifier, and Fixup's scalar bias
+before it: `BlockOps.head`) is copied when the class count matches, and
+otherwise keeps the method's own initialization (zero for Fixup). Only a
+run's first start loads the source: a resumed run continues from its own
+checkpoint.
+"""
+
+import os
+
+HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
+SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # the settings a model_dir source must share
+
+
+def check(config):
+    """One line, before any work, for a source that is missing or was trained
+    with another model (a model_dir records its settings)."""
+    if config.freeze_backbone and not config.init_from:
+        raise ValueError("freeze_backbone trains the classifier of a model started from --init_from: give that too")
+    if not config.init_from:
+        return
+    if config.lsuv:
+        raise ValueError("lsuv initializes a model from scratch; --init_from starts it from another run's weights")
+    path = config.init_from
+    if os.path.isdir(path):
+        from keras_skipinit import run_dir
+
+        if not os.path.exists(os.path.join(path, run_dir.SPEC)):
+            raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
+        recorded = run_dir.read_spec(path)["config"]
+        differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
+                  if recorded.get(k, getattr(config, k)) != getattr(config, k)]
+        if differ:
+            raise ValueError(f"--init_from={path} was trained with another model: {'; '.join(differ)}")
+    elif not os.path.isfile(path) or not path.endswith(".keras"):
+        raise ValueError(f"--init_from={path}: no such train.py model_dir or .keras file")
+
+
+def _source(path):
+    from keras_skipinit import run_dir
+
+    if os.path.isdir(path):
+        model, _, description = run_dir.newest_model(path)
+        return model, f"{path} ({description})"
+    return run_dir.load_keras(path), path
+
+
+def load_into(model, path):
+    """Copies the source's weights into `model` (see the module docstring);
+    returns one line saying what was loaded."""
+    source, description = _source(path)
+    theirs = {layer.name: layer.get_weights() for layer in source.layers}
+    body, head = [], []
+    for layer in model.layers:
+        mine = layer.get_weights()
+        if not mine:
+            continue
+        same = layer.name in theirs and [w.shape for w in theirs[layer.name]] == [w.shape for w in mine]
+        if layer.name in HEAD:
+            head.append((layer, same))
+        elif not same:
+            found = ("has no such layer" if layer.name not in theirs else
+                     f"{[w.shape for w in theirs[layer.name]]} there, {[w.shape for w in mine]} here")
+            raise ValueError(f"--init_from={path}: layer {layer.name!r} differs ({found}): the source needs the same "
+                             "--model, --depth, --width, --normalization, --loop_blocks and image channels")
+        else:
+            body.append(layer)
+    for layer in body:
+        layer.set_weights(theirs[layer.name])
+    if head and all(same for _, same in head):
+        for layer, _ in head:
+            layer.set_weights(theirs[layer.name])
+        return f"Started from {description}: {len(body)} layers and the classifier."
+    return (f"Started from {description}: {len(body)} layers; the classifier re-initialized "
+            f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).")
+
+
+def freeze_backbone(model):
+    """Every layer but the head stops training (BatchNorm then uses its moving statistics)."""
+    for layer in model.layers:
+        if layer.name not in HEAD:
+            layer.trainable = False

@@ -1,0 +1,74 @@
+"""Fine-tuning (`--init_from`) and linear probes (`--freeze_backbone`): a
+short run on the embedded digits (10 classes, 28x28) started again on a
+3-class folder of real digits written at test time (32x32 after resizing)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keras_skipinit import finetune, run_dir, training
+from test_image_folder import write_folder
+
+
+@pytest.fixture(scope="module")
+def source_and_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=20, alpha_init="one", verbose=0,
+                                   model_dir=str(root / "digits")))
+    return root / "digits", write_folder(root / "folder", per_class=(16, 4))
+
+
+def weights(model_dir):
+    model, _, _ = run_dir.newest_model(str(model_dir))
+    return {layer.name: [np.asarray(w) for w in layer.get_weights()] for layer in model.layers if layer.weights}
+
+
+def tune(tmp_path, source, folder, name, **kwargs):
+    config = training.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", epochs=1, steps_per_epoch=2,
+                                       batch_size=16, init_from=str(source), model_dir=str(tmp_path / name),
+                                       verbose=0), **kwargs})
+    return training.train(config), tmp_path / name
+
+
+def test_a_new_head_on_the_runs_backbone_and_a_linear_probe(source_and_folder, tmp_path):
+    """At a learning rate of 1e-9 the backbone after two steps is the
+    source's (to float rounding) and the classifier has 3 classes; with
+    --freeze_backbone at 0.1 the backbone is the source's exactly while the
+    classifier moves. The run records where it started."""
+    source, folder = source_and_folder
+    theirs = weights(source)
+    results, tuned = tune(tmp_path, source, folder, "tiny_lr", learning_rate=1e-9)
+    mine = weights(tuned)
+    assert mine["predictions"][0].shape == (theirs["predictions"][0].shape[0], 3)
+    body = [name for name in mine if name not in finetune.HEAD]
+    assert len(body) > 10 and all(np.allclose(a, b, atol=1e-6) for n in body for a, b in zip(mine[n], theirs[n]))
+    assert results["config"]["init_from"] == str(source)
+    assert json.load(open(tuned / "model_spec.json"))["config"]["init_from"] == str(source)
+    _, probe = tune(tmp_path, source, folder, "probe", learning_rate=0.1, freeze_backbone=True)
+    frozen = weights(probe)
+    assert all(np.array_equal(a, b) for n in body for a, b in zip(frozen[n], theirs[n]))
+    assert not np.allclose(frozen["predictions"][0], mine["predictions"][0])
+
+
+def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_folder, tmp_path, monkeypatch):
+    source, folder = source_and_folder
+    tune(tmp_path, source, folder, "resumed", learning_rate=0.01)
+    monkeypatch.setattr(finetune, "load_into", lambda *a: pytest.fail("restarted from --init_from"))
+    results, _ = tune(tmp_path, source, folder, "resumed", learning_rate=0.01, epochs=2)
+    assert results["status"] == "completed" and results["epochs_completed"] == 2
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(depth=16), "--depth=10 there, 16 here"),
+    (dict(normalization="fixup", alpha_init=None), "--normalization=skipinit there, fixup here"),
+    (dict(init_from="nowhere.keras"), "no such train.py model_dir or .keras file"),
+    (dict(init_from=None, freeze_backbone=True), "freeze_backbone trains the classifier"),
+])
+def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, change, match):
+    source, folder = source_and_folder
+    config = training.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", init_from=str(source),
+                                       model_dir=str(tmp_path / "run")), **change})
+    with pytest.raises(ValueError, match=match):
+        training.validate(config)
+    assert not (tmp_path / "run").exists()
