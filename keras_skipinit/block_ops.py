@@ -82,6 +82,11 @@ class BlockOps:
         self._count += 1
         return self._seed * 100003 + self._count
 
+    def _hook(self, point, x, name):
+        """The method's own layers at `point` (`normalization.Method.hooks`); the identity without."""
+        hook = METHODS[self.recipe.normalization].hooks.get(point)
+        return x if hook is None else hook(self, x, name)
+
     def norm(self, x, name):
         """The method's norm layer (BN, ghost BN: SkipInit App. A); the identity for the others."""
         layer = METHODS[self.recipe.normalization].norm
@@ -173,6 +178,7 @@ class BlockOps:
             x = ksl.FixupBias(name=name + "_fixup_bias")(x)
         elif r.nf_beta is not None:
             x = keras.layers.Rescaling(r.nf_beta, name=name + "_nf_beta")(x)
+        x = self._hook("branch_end", x, name)
         return keras.layers.Identity(name=name + "_branch_out")(x)
 
     def merge(self, shortcut, branch, name, v1=False, projected=False):
@@ -190,12 +196,13 @@ class BlockOps:
             x = keras.layers.Rescaling(r.merge_scale, name=name + "_sqrt2")(x)
         if v1 and r.v1_merge_bias:
             x = ksl.FixupBias(name=name + "_merge_bias")(x)
-        return x
+        return self._hook("merge", x, name)
 
     def head(self, x, classes, classifier_activation, name="predictions"):
         """Dropout (Regularized SkipInit, §4) and the classifier; Fixup
         zero-inits it and adds a scalar bias before it (rules 1 and 3)."""
         r = self.recipe
+        x = self._hook("head", x, name)
         if r.dropout_rate > 0:
             x = keras.layers.Dropout(r.dropout_rate, name="top_dropout")(x)
         if r.fixup:

@@ -141,6 +141,14 @@ def _ghost_batchnorm(recipe, name):
                                        name=name)
 
 
+def _merge_batchnorm(ops, x, name):
+    return _batchnorm(ops.recipe, name + "_merge_bn")(x)
+
+
+def _head_batchnorm(ops, x, name):
+    return _batchnorm(ops.recipe, name + "_head_bn")(x)
+
+
 def _skipinit(context):
     return {"v1_merge_bias": context.v1}
 
@@ -157,6 +165,11 @@ class Method:
       standardization): LSUV, which initializes unnormalized nets, refuses it.
     - preactivation_only: post-activation (V1) networks are refused.
     - scalar_lr: the default learning-rate multiplier of scalar parameters.
+    - hooks: layers of its own at a block's points, {point: (ops, x, name) ->
+      x}, which `block_ops.BlockOps` calls: "branch_end" (the branch, before
+      its ``_branch_out``), "merge" (the block's output, after the add) and
+      "head" (the pooled features, before the classifier). A mechanism the
+      `Recipe` fields do not have is a hook, not a new field.
     """
 
     title: str
@@ -167,6 +180,7 @@ class Method:
     normalizes: bool = False
     preactivation_only: bool = False
     scalar_lr: float = 1.0
+    hooks: dict = dataclasses.field(default_factory=dict)
 
     def fields(self, context):
         return dict(self.recipe(context) if callable(self.recipe) else self.recipe)
@@ -187,6 +201,15 @@ METHODS = {
     "sqrt2": Method("Divide residual block by sqrt(2)", "SkipInit §2.1, Table 1",
                     recipe={"merge_scale": 1.0 / math.sqrt(2.0)}),
     "none": Method("No normalization, no scaling", "SkipInit §2.1"),
+    # SkipInit App. D.2, Table 4: normalized networks that do not downscale the residual branch at init
+    # (none trains WRN-1000 there): BN with the block's output divided by sqrt(2); BN in the branch and at
+    # the end of every block (after the add: Table 4's heading); no BN in the blocks, one before the classifier.
+    "bn_sqrt2": Method("BatchNorm, block output / sqrt(2)", "SkipInit App. D.2, Table 4", ("bn_momentum",),
+                       recipe={"merge_scale": 1.0 / math.sqrt(2.0)}, norm=_batchnorm, normalizes=True),
+    "bn_block_end": Method("BatchNorm, also at the end of each block", "SkipInit App. D.2, Table 4",
+                           ("bn_momentum",), norm=_batchnorm, normalizes=True, hooks={"merge": _merge_batchnorm}),
+    "bn_head_only": Method("One BatchNorm, before the classifier", "SkipInit App. D.2, Table 4", ("bn_momentum",),
+                           hooks={"head": _head_batchnorm}),
     "nf": Method("NF-ResNet", "NF-ResNets (Brock et al. 2021a; blog seed)", ("nf_beta",), {"conv_bias": True},
                  normalizes=True, preactivation_only=True),
 }

@@ -68,6 +68,55 @@ def test_a_method_is_one_record(monkeypatch, tmp_path):
         training.validate(training.Config(normalization="layernorm", lsuv=True, model_dir=str(tmp_path / "run")))
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_new_mechanism_is_one_record_with_a_hook(name, monkeypatch, tmp_path, toy_bottleneck_resnets):
+    """A method whose mechanism the recipe fields lack (each branch scaled by
+    a fixed, non-trainable 1/2) is one record with a `hooks` entry: it builds
+    in every family, trains a step, round-trips through .keras and folds, and
+    at init each block's branch output is half of what it is without it."""
+    half = norm_lib.Method("Branch halved", "a test", hooks={
+        "branch_end": lambda ops, x, prefix: keras.layers.Rescaling(0.5, name=prefix + "_half")(x)})
+    monkeypatch.setitem(norm_lib.METHODS, "halved", half)
+    model = _builds_trains_round_trips_and_folds(name, "halved", tmp_path)
+    assert not model.trainable_weights or all("half" not in w.path for w in model.trainable_weights)
+    shape = FAMILIES[name]
+    x = np.random.default_rng(1).standard_normal((2,) + shape).astype("float32")
+    plain = apps.create_model(name, input_shape=shape, classes=3, normalization="none", seed=1)
+    halved = apps.create_model(name, input_shape=shape, classes=3, normalization="halved", seed=1)
+    block = next(layer.name for layer in plain.layers if layer.name.endswith("_branch_out"))
+    taps = [keras.Model(m.input, m.get_layer(block).output)(x) for m in (plain, halved)]
+    np.testing.assert_allclose(np.asarray(taps[1]), 0.5 * np.asarray(taps[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_the_table4_variants_do_what_app_d2_says_at_init():
+    """SkipInit App. D.2 / Table 4, on WRN-10-1 in training mode (batch
+    statistics): bn_sqrt2's block output is its sum over sqrt(2);
+    bn_block_end's block outputs are normalized per channel (mean 0,
+    variance 1 over the batch, as BN at init makes them) while its branch
+    still carries BN; bn_head_only has one BN, on the pooled features."""
+    x = np.random.default_rng(2).standard_normal((32, 16, 16, 3)).astype("float32")
+
+    def tap(model, layer):
+        return np.asarray(keras.Model(model.input, model.get_layer(layer).output)(x, training=True))
+
+    def norms(model):
+        return [layer.name for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
+
+    sqrt2 = apps.create_model("wrn_10_1", input_shape=(16, 16, 3), normalization="bn_sqrt2", seed=1)
+    np.testing.assert_allclose(tap(sqrt2, "group2_block1_out"), tap(sqrt2, "group2_block1_add") / np.sqrt(2),
+                               rtol=1e-5, atol=1e-6)
+    end = apps.create_model("wrn_10_1", input_shape=(16, 16, 3), normalization="bn_block_end", seed=1)
+    out = tap(end, "group2_block1_out")
+    np.testing.assert_allclose(out.mean(axis=(0, 1, 2)), 0.0, atol=1e-3)
+    np.testing.assert_allclose(out.var(axis=(0, 1, 2)), 1.0, rtol=1e-2)
+    assert "group2_block1_merge_bn" in norms(end) and "group2_block1_1_bn" in norms(end)
+    head = apps.create_model("wrn_10_1", input_shape=(16, 16, 3), normalization="bn_head_only", seed=1)
+    assert norms(head) == ["predictions_head_bn"]
+    pooled = tap(head, "predictions_head_bn")
+    np.testing.assert_allclose(pooled.mean(axis=0), 0.0, atol=1e-3)
+    np.testing.assert_allclose(pooled.var(axis=0)[pooled.var(axis=0) > 0.5], 1.0, rtol=1e-2)
+
+
 def _builds_trains_round_trips_and_folds(name, normalization, tmp_path):
     tmp_path.mkdir(exist_ok=True)
     shape = FAMILIES[name]

@@ -385,9 +385,10 @@ def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
 @pytest.mark.heavy
 def test_a_method_added_by_one_record_is_a_flag_choice_and_trains(tmp_path):
     """Nothing is generated from the method table: in a scratch copy of the
-    package, one `Method` record (a merge scaled by 1/2, a mechanism the
-    recipe has) is listed by train.py --help and accepted by --normalization
-    before Keras loads, and a run of it builds and trains, no other file touched."""
+    package, one `Method` record with a mechanism of its own (a hook scaling
+    each branch by a fixed 1/2) is listed by train.py --help and accepted by
+    --normalization before Keras loads, a run of it builds and trains, and the
+    sweep's --methods takes it; no other file touched."""
     copy = tmp_path / "copy"
     shutil.copytree(os.path.join(ROOT, "keras_skipinit"), copy / "keras_skipinit",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -395,8 +396,9 @@ def test_a_method_added_by_one_record_is_a_flag_choice_and_trains(tmp_path):
     methods = copy / "keras_skipinit" / "normalization.py"
     text = methods.read_text()
     assert text.count('    "none": Method(') == 1
-    methods.write_text(text.replace('    "none": Method(', '    "halved": Method("Merge halved", "a test", '
-                                    'recipe={"merge_scale": 0.5}),\n    "none": Method('))
+    methods.write_text(text.replace('    "none": Method(', '    "halved": Method("Branch halved", "a test", hooks={'
+                                    '"branch_end": lambda ops, x, name: __import__("keras").layers.Rescaling('
+                                    '0.5, name=name + "_half")(x)}),\n    "none": Method('))
     fake = tmp_path / "fake"
     for name in ("keras", "tensorflow"):
         (fake / name).mkdir(parents=True)
@@ -415,6 +417,9 @@ def test_a_method_added_by_one_record_is_a_flag_choice_and_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((model_dir / "results.json").read_text())
     assert results["config"]["normalization"] == "halved" and results["status"] == "completed"
+    swept = subprocess.run([sys.executable, "-m", "keras_skipinit.sweep", "--methods=halved,bogus",
+                            f"--out={tmp_path / 'sweep'}"], capture_output=True, text=True, env=env, cwd=copy)
+    assert swept.returncode == 2 and "unknown ['bogus']" in swept.stderr, swept.stderr[-2000:]
 
 
 @pytest.mark.heavy
