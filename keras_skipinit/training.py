@@ -66,6 +66,8 @@ def validate(config):
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
     run_dir.check_writable(c.model_dir, "--model_dir")
     finetune.check(c)
+    if data_lib.image_folder.looks_like_folder(c.dataset):
+        data_lib.image_folder.layout(c.dataset)  # a folder's layout, before the model_dir is touched
 
 
 _OPTION_FLAGS = {name: option.flag for name, option in norm_lib.OPTIONS.items()}
