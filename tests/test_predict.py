@@ -40,7 +40,8 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
     the argmax of the Keras model on the run's evaluation preprocessing of the
     same pixels, and the CSV holds the same rows."""
     run, images = run_and_images
-    status, lines = answers(capsys, f"--source={run}", images, "--top_k=2", f"--output={tmp_path / 'a.csv'}")
+    csv_path = tmp_path / "new" / "a.csv"  # its folder is made
+    status, lines = answers(capsys, f"--source={run}", images, "--top_k=2", f"--output={csv_path}")
     files = sorted(str(p) for p in images.rglob("*.png"))
     assert status == 0 and [line[0] for line in lines] == files and all(len(line) == 5 for line in lines)
     model, prep, _ = run_dir.newest_model(str(run))
@@ -48,7 +49,7 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
     want = np.argmax(np.asarray(model(preprocessing.get(prep).numpy(x), training=False)), axis=-1)
     assert [line[1] for line in lines] == [str(c) for c in want]  # the digits' class names are "0".."9"
     assert all(float(line[2]) >= float(line[4]) for line in lines)
-    with open(tmp_path / "a.csv") as f:
+    with open(csv_path) as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["path", "label_1", "score_1", "label_2", "score_2"] and rows[1:] == lines
 
@@ -61,7 +62,8 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
     out, err = capsys.readouterr()
     assert status == 1 and len(out.splitlines()) == 40 and "broken.png: not a readable image" in err
     for argv, match in (([f"--source={tmp_path / 'none'}", str(images)], "no such model_dir or file"),
-                        ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder")):
+                        ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder"),
+                        ([f"--source={run}", str(images), f"--output={broken}/a.csv"], "is a file")):
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err

@@ -18,7 +18,7 @@ ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
 training folder. Class names: the run's, or `<file>.labels.txt` beside an
 exported file (else the class index). An unreadable image is a line on
 stderr; the others are answered, and the exit status is then 1. Exit 2: bad
-flags or a bad --source; 0: every image answered.
+flags or a bad --source; 5: --output could not be written; 0: every image answered.
 """
 
 import csv
@@ -216,8 +216,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         files = image_files(args.images)
-        if args.output is not None and os.path.isdir(args.output):
-            raise ValueError(f"--output={args.output} is a folder, not a CSV file")
+        if args.output is not None:
+            if os.path.isdir(args.output):
+                raise ValueError(f"--output={args.output} is a folder, not a CSV file")
+            from keras_skipinit import run_dir
+
+            run_dir.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
         source = load(args.source)
     except ValueError as e:
         _cli.refuse(NAME, str(e))
@@ -241,7 +245,12 @@ def main(argv=None):
         writer = csv.writer(text)
         writer.writerow(["path"] + [f"{what}_{k + 1}" for k in range(args.top_k) for what in ("label", "score")])
         writer.writerows(rows)
-        files_lib.write_atomic(args.output, text.getvalue())
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            files_lib.write_atomic(args.output, text.getvalue())
+        except OSError as e:  # a full disk, a folder gone read-only: the answers above stand
+            print(f"{NAME}: error: cannot write --output={args.output}: {files_lib.one_line(e)}", file=sys.stderr)
+            return 5
     return 0 if len(rows) == len(answers) else 1
 
 
