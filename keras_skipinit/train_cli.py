@@ -35,35 +35,34 @@ Examples:
 F = flags.FLAGS
 _DEFINE = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
            "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
-_CHECKS = {"positive": (lambda v: v > 0, "must be a finite number > 0"), "float_or": (
-    lambda v: spec.value_error("alpha_init", _alpha(v)) is None, "must be a finite float or one of {}")}
 
 
-def define(flag_values=F):
+def define():
     """train.py's flags: one per `spec.Config` setting (its default, help,
-    choices and bounds; floats refused when not finite), and --export_dir.
-    Called on import, and by the pre-parse (`_cli.preparse`) before Keras loads."""
+    choices and bounds; each value checked by `spec.value_error`, as a Config
+    is: NaN, infinity, --alpha_init's names), and --export_dir. The package's
+    pre-parse (`_cli.preparse`) imports this module, so the same flags answer
+    before Keras loads."""
     for name, field in spec.FIELDS.items():
         meta, kind = field.metadata, spec.kind(name)
         extra = {"lower_bound": meta["lower"], "upper_bound": meta["upper"]} if kind in ("int", "float") else {}
         choices = (list(meta["choices"]),) if kind == "enum" else ()
-        _DEFINE[kind](name, field.default, *choices, meta["help"], flag_values=flag_values, **extra)
-        if kind == "float" or meta["check"]:
-            predicate, message = _CHECKS.get(meta["check"], (lambda v: True, "must be a finite number"))
-            if meta["check"] == "float_or":
-                message = message.format(sorted(meta["choices"]))
-            flags.register_validator(name, _finite_and(predicate, kind == "float"), f"--{name} {message}",
-                                     flag_values=flag_values)
+        _DEFINE[kind](name, field.default, *choices, meta["help"], **extra)
+        flags.register_validator(name, _checker(name))
     flags.DEFINE_string(
         "export_dir", None,
         "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
-        "(checked before training starts).", flag_values=flag_values)
+        "(checked before training starts).")
 
 
-def _finite_and(predicate, is_float):
-    import math
+def _checker(name):
+    def check(value):
+        error = spec.value_error(name, _alpha(value) if name == "alpha_init" else value)
+        if error:
+            raise flags.ValidationError(f"--{error}")
+        return True
 
-    return lambda v: v is None or ((not is_float or math.isfinite(v)) and predicate(v))
+    return check
 
 
 define()
