@@ -102,11 +102,22 @@ def _from_files(name, manual_dir):
     return directory
 
 
+# The run settings `load_for` reads (the model: a folder's default image size).
+LOAD_SETTINGS = ("dataset", "data_dir", "manual_dir", "train_examples", "validation_examples", "preprocessing",
+                 "image_size", "channels", "skip_bad_images", "model")
+
+
+def load_settings(config):
+    """{setting: value} of `LOAD_SETTINGS` in a run's settings (a `spec.Config`,
+    or the dict a run recorded: settings it lacks take their defaults)."""
+    if isinstance(config, spec.Config):
+        return {k: getattr(config, k) for k in LOAD_SETTINGS}
+    return {k: config.get(k, spec.FIELDS[k].default) for k in LOAD_SETTINGS}
+
+
 def load_for(config):
-    """`load` of the dataset a run's settings name (a `spec.Config`, or the
-    dict a run recorded: settings it lacks take their defaults)."""
-    get = (lambda k: getattr(config, k)) if isinstance(config, spec.Config) else (
-        lambda k: config.get(k, spec.FIELDS[k].default))
+    """`load` of the dataset a run's settings name (see `load_settings`)."""
+    get = load_settings(config).get
     return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
                 get("preprocessing"), folder=dict(image_size=get("image_size"), channels=get("channels"),
                                                   skip_bad=get("skip_bad_images"),

@@ -93,8 +93,8 @@ def test_litert_and_onnx_files_answer_as_the_run(run_and_images, capsys, tmp_pat
     run, images = run_and_images
     _, from_run = answers(capsys, f"--source={run}", images)
     model, prep, _ = serving.load_source(str(run))
+    names = [f"digit {label}" for label in run_dir.read_spec(str(run))["labels"]]  # not the class indices
     for fmt in ("litert", "onnx"):
-        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), prep,
-                                  labels=run_dir.read_spec(str(run))["labels"])
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), prep, labels=names)
         status, lines = answers(capsys, f"--source={path}", images)
-        assert status == 0 and [line[:2] for line in lines] == [line[:2] for line in from_run], fmt
+        assert status == 0 and [line[:2] for line in lines] == [[f, f"digit {label}"] for f, label, _ in from_run], fmt

@@ -171,16 +171,16 @@ def _exported_file(path):
     if fmt == "litert":
         from ai_edge_litert.interpreter import Interpreter
 
-        shape = Interpreter(model_path=path).get_signature_runner().get_input_details()["images"]["shape"][1:]
+        signature = Interpreter(model_path=path).get_signature_runner()
+        shape = signature.get_input_details()["images"]["shape"][1:]
+        classes = signature.get_output_details()["probabilities"]["shape"][-1]
     else:
         import onnxruntime
 
-        shape = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()[0].shape[1:]
-    labels_file = publish.labels_path(path)
-    labels = {}
-    if os.path.isfile(labels_file):
-        with open(labels_file, encoding="utf-8") as f:
-            labels = dict(enumerate(line.rstrip("\n") for line in f if line.strip()))
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        shape, classes = session.get_inputs()[0].shape[1:], session.get_outputs()[0].shape[-1]
+    labels_file = publish.labels_path(path)  # as the export wrote them; checked against the file's classes
+    labels = dict(enumerate(deploy.read_labels(labels_file, int(classes)))) if os.path.isfile(labels_file) else {}
     height, width, channels = (int(d) for d in shape)
     return Source(path, (height, width, channels), height, labels,
                   lambda images, files: np.asarray(run(images), np.float32))

@@ -67,11 +67,11 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         model_dir = os.path.join(out, run["results"]["config"]["model_dir"])  # relative to --out (runner.record)
         model, preprocessing, _ = serving.load_source(model_dir)
         config = run_dir.read_spec(model_dir)["config"]
-        name = (config["dataset"], config.get("data_dir"), config.get("manual_dir"), config.get("image_size"),
-                config.get("channels"))
+        wanted = {**data_lib.load_settings(config), "train_examples": None, "validation_examples": None,
+                  "preprocessing": None}
+        name = tuple(wanted.values())  # runs of one dataset (and image size) share their images
         if name not in datasets:
-            dataset = data_lib.load_for({**config, "train_examples": None, "validation_examples": None,
-                                         "preprocessing": None})
+            dataset = data_lib.load_for(wanted)
             images, labels = pipelines.sample_images(dataset, "eval", check_images, dataset.preprocessing)
             calibration, _ = pipelines.sample_images(dataset, "train", calibration_images, dataset.preprocessing)
             datasets[name] = (dataset.eval_split, images, labels, calibration)
