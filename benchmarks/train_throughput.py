@@ -59,7 +59,7 @@ def main():
     norms = {
         f"ResNet50V2 {n}" + (f" (ghost {ghost})" if n == "ghost_batchnorm" else ""): (
             lambda n=n: apps.ResNet50V2(
-                normalization=n, virtual_batch_size=ghost if n == "ghost_batchnorm" else None, **common
+                normalization=n, ghost_batch_size=ghost if n == "ghost_batchnorm" else None, **common
             )
         )
         for n in NORMALIZATIONS

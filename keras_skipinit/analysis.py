@@ -376,7 +376,7 @@ def _function_change_cli(args, parser):
         for name in names:
             try:
                 model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,
-                                           seed=args.seed, classifier_activation=None, dropout_rate=0.0,
+                                           seed=args.seed, classifier_activation=None, dropout=0.0,
                                            loop_blocks=depth >= 1000)
             except ValueError as e:
                 parser.error(str(e))

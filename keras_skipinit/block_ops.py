@@ -203,8 +203,8 @@ class BlockOps:
         zero-inits it and adds a scalar bias before it (rules 1 and 3)."""
         r = self.recipe
         x = self._hook("head", x, name)
-        if r.dropout_rate > 0:
-            x = keras.layers.Dropout(r.dropout_rate, name="top_dropout")(x)
+        if r.dropout > 0:
+            x = keras.layers.Dropout(r.dropout, name="top_dropout")(x)
         if r.fixup:
             x = ksl.FixupBias(name=name + "_bias")(x)
             init = "zeros"

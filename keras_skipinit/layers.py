@@ -19,6 +19,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_skipinit import compat
 from keras_skipinit._checks import finite_number as _check_finite_number, is_int as _is_int
 
 _PACKAGE = "keras_skipinit"
@@ -108,10 +109,10 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     """Batch normalization with statistics over virtual ("ghost") batches.
 
     SkipInit App. A / §3 and Hoffer et al. (2017): in training, the batch is
-    split into consecutive groups of ``virtual_batch_size`` examples and each
+    split into consecutive groups of ``ghost_batch_size`` examples and each
     group is normalized by its own per-channel mean and (biased) variance.
-    If the batch size is not a multiple of ``virtual_batch_size``, the last
-    ghost batch holds the remaining ``batch % virtual_batch_size`` examples and
+    If the batch size is not a multiple of ``ghost_batch_size``, the last
+    ghost batch holds the remaining ``batch % ghost_batch_size`` examples and
     is normalized by its own statistics (a batch smaller than the ghost size is
     one ghost batch). The moving mean and variance are updated with the
     example-weighted average of the ghost means and of the ghost variances;
@@ -122,26 +123,26 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     depend on the number of replicas (as long as each replica's batch is a
     multiple of the ghost size); the moving-statistic updates are averaged over
     replicas. Statistics are computed in float32 under mixed precision. With
-    ``virtual_batch_size=None`` the layer is plain `BatchNormalization`.
+    ``ghost_batch_size=None`` the layer is plain `BatchNormalization`.
     Only channels-last normalization (``axis=-1``) is supported.
     """
 
-    def __init__(self, virtual_batch_size=None, axis=-1, **kwargs):
-        if virtual_batch_size is not None and (
-            isinstance(virtual_batch_size, bool)
-            or not isinstance(virtual_batch_size, numbers.Integral)
-            or virtual_batch_size < 1
+    def __init__(self, ghost_batch_size=None, axis=-1, **kwargs):
+        if ghost_batch_size is not None and (
+            isinstance(ghost_batch_size, bool)
+            or not isinstance(ghost_batch_size, numbers.Integral)
+            or ghost_batch_size < 1
         ):
             raise ValueError(
-                "virtual_batch_size must be a positive int or None, "
-                f"got {virtual_batch_size!r}."
+                "ghost_batch_size must be a positive int or None, "
+                f"got {ghost_batch_size!r}."
             )
         if axis != -1:
             raise ValueError(f"GhostBatchNormalization supports axis=-1 (channels last) only, got axis={axis!r}.")
         if kwargs.get("renorm") or kwargs.get("synchronized"):
             raise ValueError("GhostBatchNormalization does not support renorm or synchronized statistics.")
         super().__init__(axis=axis, **kwargs)
-        self.virtual_batch_size = None if virtual_batch_size is None else int(virtual_batch_size)
+        self.ghost_batch_size = None if ghost_batch_size is None else int(ghost_batch_size)
 
     def add_weight(self, *args, **kwargs):
         # Moving statistics are updated per replica; average the updates.
@@ -152,7 +153,7 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     def call(self, inputs, training=None, mask=None):
         if mask is not None:
             raise ValueError("GhostBatchNormalization does not support masks.")
-        if not (training and self.trainable and self.virtual_batch_size):
+        if not (training and self.trainable and self.ghost_batch_size):
             return super().call(inputs, training=training)
         x = ops.cast(inputs, "float32")
         outputs, mean, variance = self._ghost_normalize(x)
@@ -164,7 +165,7 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     def _ghost_normalize(self, x):
         """Normalizes each ghost batch of `x` (float32, channels last).
 
-        Example i belongs to ghost batch i // virtual_batch_size; per-example
+        Example i belongs to ghost batch i // ghost_batch_size; per-example
         means over positions are combined per ghost batch with segment sums
         (no padding: cost independent of how the batch size relates to the
         ghost size; every example has the same number of positions, so the
@@ -176,8 +177,8 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
         rank = len(x.shape)
         spatial = tuple(range(1, rank - 1))
         batch = ops.shape(x)[0]  # an int, or a scalar tensor for a dynamic batch under TF
-        segment = ops.floor_divide(ops.arange(batch), self.virtual_batch_size)
-        num_ghost = (batch + self.virtual_batch_size - 1) // self.virtual_batch_size
+        segment = ops.floor_divide(ops.arange(batch), self.ghost_batch_size)
+        num_ghost = (batch + self.ghost_batch_size - 1) // self.ghost_batch_size
 
         def per_ghost(values):  # [batch, ...spatial, C] -> [num_ghost, C]
             per_example = ops.mean(values, axis=spatial) if spatial else values
@@ -203,7 +204,11 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
         config = super().get_config()
         for key in ("renorm", "renorm_clipping", "renorm_momentum", "synchronized"):
             config.pop(key, None)
-        return {**config, "virtual_batch_size": self.virtual_batch_size}
+        return {**config, "ghost_batch_size": self.ghost_batch_size}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**compat.ghost_batch_norm_config(config))
 
 
 # ReLU gain that maps N(0, 1) inputs to unit-variance outputs:

@@ -32,11 +32,11 @@ class Recipe:
     normalization: str
     num_blocks: int  # d (SkipInit) = L (Fixup): number of residual branches
     branch_layers: int  # m (Fixup): weight layers per residual branch
-    virtual_batch_size: int | None = None
+    ghost_batch_size: int | None = None
     bn_momentum: float = 0.99  # Keras' default; PyTorch's momentum=0.1 is 0.9 here
     alpha: float | None = None  # SkipInit multiplier init; None: no multiplier
     conv_bias: bool | None = None  # None: the architecture's default per conv
-    dropout_rate: float = 0.0
+    dropout: float = 0.0
     merge_scale: float = 1.0  # 1/sqrt(2) for the sqrt2 baseline
     v1_merge_bias: bool = False  # SkipInit App. F scalar bias before the final ReLU
     fixup: bool = False
@@ -55,11 +55,11 @@ class Context:
     num_blocks: int
     branch_layers: int
     v1: bool
-    default_virtual_batch_size: int
+    default_ghost_batch_size: int
     default_regularized_dropout: float
 
 
-_ANY_ARCHITECTURE = Context(num_blocks=1, branch_layers=2, v1=False, default_virtual_batch_size=1,
+_ANY_ARCHITECTURE = Context(num_blocks=1, branch_layers=2, v1=False, default_ghost_batch_size=1,
                             default_regularized_dropout=0.0)
 
 
@@ -76,11 +76,11 @@ def resolve_alpha(alpha_init, num_blocks):
     return finite_number("alpha_init", alpha_init)
 
 
-def _virtual_batch_size(value, context):
-    vbs = context.default_virtual_batch_size if value is None else value
+def _ghost_batch_size(value, context):
+    vbs = context.default_ghost_batch_size if value is None else value
     if isinstance(vbs, bool) or not isinstance(vbs, numbers.Integral) or vbs < 1:
-        raise ValueError(f"virtual_batch_size must be a positive int, got {vbs!r}.")
-    return {"virtual_batch_size": int(vbs)}
+        raise ValueError(f"ghost_batch_size must be a positive int, got {vbs!r}.")
+    return {"ghost_batch_size": int(vbs)}
 
 
 def _bn_momentum(value, context):
@@ -107,24 +107,24 @@ def _nf_beta(value, context):
 class Option:
     """A keyword of its own that some methods take (None: the default).
     `resolve(value, context)` checks it and returns the `Recipe` fields it
-    sets; `flag` is train.py's flag (and `training.Config` field) for it."""
+    sets; its name in `OPTIONS` is also train.py's flag and the
+    `spec.Config` field."""
 
-    flag: str
     type: type  # the flag's: int, float or str
     resolve: object
     doc: str
 
 
 OPTIONS = {
-    "virtual_batch_size": Option("ghost_batch_size", int, _virtual_batch_size,
-                                 "ghost batch size (default 64 on CIFAR nets, 256 on ImageNet ResNets; §3, §5)"),
-    "bn_momentum": Option("bn_momentum", float, _bn_momentum,
+    "ghost_batch_size": Option(int, _ghost_batch_size,
+                               "ghost batch size (default 64 on CIFAR nets, 256 on ImageNet ResNets; §3, §5)"),
+    "bn_momentum": Option(float, _bn_momentum,
                           "moving-average momentum of the BN statistics (default Keras' 0.99; PyTorch's "
                           "default momentum=0.1 is 0.9 here)"),
-    "alpha_init": Option("alpha_init", str, _alpha_init,
+    "alpha_init": Option(str, _alpha_init,
                          "SkipInit's alpha: a float or 'zero' (default), 'one', 'inv_sqrt_depth' (1/sqrt(d), "
                          "d = number of residual blocks)"),
-    "nf_beta": Option("nf_beta", float, _nf_beta, "NF-ResNet branch scale beta (default 0.2)"),
+    "nf_beta": Option(float, _nf_beta, "NF-ResNet branch scale beta (default 0.2)"),
 }
 
 
@@ -137,7 +137,7 @@ def _batchnorm(recipe, name):
 def _ghost_batchnorm(recipe, name):
     from keras_skipinit import layers as ksl
 
-    return ksl.GhostBatchNormalization(recipe.virtual_batch_size, momentum=recipe.bn_momentum, epsilon=1.001e-5,
+    return ksl.GhostBatchNormalization(recipe.ghost_batch_size, momentum=recipe.bn_momentum, epsilon=1.001e-5,
                                        name=name)
 
 
@@ -190,11 +190,11 @@ METHODS = {
     "batchnorm": Method("Batch Normalization", "He et al.; SkipInit §2", ("bn_momentum",), norm=_batchnorm,
                         normalizes=True),
     "ghost_batchnorm": Method("Ghost Batch Normalization", "SkipInit §3, §5, App. A",
-                              ("virtual_batch_size", "bn_momentum"), norm=_ghost_batchnorm, normalizes=True),
+                              ("ghost_batch_size", "bn_momentum"), norm=_ghost_batchnorm, normalizes=True),
     "skipinit": Method("SkipInit (alpha = 0)", "SkipInit §2.2, Table 1", ("alpha_init",), _skipinit),
     "regularized_skipinit": Method(
         "Regularized SkipInit", "SkipInit §4, §5, App. G", ("alpha_init",),
-        lambda c: {**_skipinit(c), "conv_bias": True, "dropout_rate": c.default_regularized_dropout}),
+        lambda c: {**_skipinit(c), "conv_bias": True, "dropout": c.default_regularized_dropout}),
     # Fixup footnote 3: scalar biases replace per-channel ones. Its authors train scalars at lr/10 (CIFAR and
     # ImageNet code); with the full rate WRN-16-1 diverged at lr 0.1 on Fashion-MNIST in 3 of 3 seeds.
     "fixup": Method("Fixup", "Fixup §3, rules 1-3", recipe={"fixup": True, "conv_bias": False}, scalar_lr=0.1),
@@ -221,26 +221,21 @@ def methods_taking(option):
     return [name for name, method in METHODS.items() if option in method.options]
 
 
-def check_method(normalization, *, preactivation=True, names=None, **options):
+def check_method(normalization, *, preactivation=True, **options):
     """The method rules, checked here only (models and train.py alike): the
     method exists, each option given (not None) belongs to it, and
-    pre-activation-only methods get pre-activation blocks. `names` maps an
-    option to the caller's name for it in the message (train.py's flags)."""
+    pre-activation-only methods get pre-activation blocks."""
     if normalization not in METHODS:
         raise ValueError(f"normalization must be one of {tuple(METHODS)}, got {normalization!r}.")
-    names = names or {}
     for option, value in options.items():
         if option not in OPTIONS:
             raise TypeError(f"check_method() got an unknown method option {option!r}")
         if value is not None and option not in METHODS[normalization].options:
             owners = " or ".join(repr(n) for n in methods_taking(option))
-            raise ValueError(f"{names.get(option, option)} applies only to normalization={owners}, "
+            raise ValueError(f"{option} applies only to normalization={owners}, "
                              f"got normalization={normalization!r}.")
         if value is not None:  # its value too, before any work (its default may depend on the architecture)
-            try:
-                OPTIONS[option].resolve(value, _ANY_ARCHITECTURE)
-            except ValueError as e:  # named as the caller names it (--ghost_batch_size, not virtual_batch_size)
-                raise ValueError(str(e).replace(option, names.get(option, option), 1)) from None
+            OPTIONS[option].resolve(value, _ANY_ARCHITECTURE)
     if METHODS[normalization].preactivation_only and not preactivation:
         raise ValueError(
             f"normalization={normalization!r} needs pre-activation blocks: use ResNet-V2 or WideResNet, "
@@ -249,13 +244,13 @@ def check_method(normalization, *, preactivation=True, names=None, **options):
 
 
 # The keyword-only arguments every model constructor takes (`applications._base`), in order, and their defaults.
-KEYWORDS = {"normalization": "batchnorm", **{name: None for name in OPTIONS}, "dropout_rate": None, "use_bias": None,
+KEYWORDS = {"normalization": "batchnorm", **{name: None for name in OPTIONS}, "dropout": None, "use_bias": None,
             "loop_blocks": False, "remat": False}
 KEYWORD_DOCS = {
     "normalization": f"one of {', '.join(repr(n) for n in METHODS)} (`keras_skipinit.normalization.METHODS`)",
     **{name: f"for {' and '.join(repr(n) for n in methods_taking(name))}: {option.doc}"
        for name, option in OPTIONS.items()},
-    "dropout_rate": "dropout before the classifier (default 0.6 on CIFAR nets, 0.2 on ImageNet ResNets for "
+    "dropout": "dropout before the classifier (default 0.6 on CIFAR nets, 0.2 on ImageNet ResNets for "
                     "'regularized_skipinit', §4; 0 otherwise)",
     "use_bias": "force biases on (True) or off (False) in every conv; default: keras.applications' choice, all "
                 "convs for 'regularized_skipinit' (§5), none for 'fixup' (scalar biases instead)",
@@ -265,7 +260,7 @@ KEYWORD_DOCS = {
 }
 
 
-def resolve(normalization, context, *, dropout_rate=None, use_bias=None, loop_blocks=False,
+def resolve(normalization, context, *, dropout=None, use_bias=None, loop_blocks=False,
             remat=False, **options):
     """Validates the method and its options (`OPTIONS`) and returns the
     `Recipe` for a model whose architecture is described by `context`."""
@@ -276,10 +271,10 @@ def resolve(normalization, context, *, dropout_rate=None, use_bias=None, loop_bl
         raise ValueError("remat applies to the looped blocks: pass loop_blocks=True too.")
     if use_bias is not None and not isinstance(use_bias, bool):
         raise ValueError(f"use_bias must be None (method default), True or False, got {use_bias!r}.")
-    if dropout_rate is not None:
-        dropout_rate = finite_number("dropout_rate", dropout_rate)
-        if not 0.0 <= dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
+    if dropout is not None:
+        dropout = finite_number("dropout", dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
     method = METHODS[normalization]
     fields = {}
     for name in method.options:
@@ -287,6 +282,6 @@ def resolve(normalization, context, *, dropout_rate=None, use_bias=None, loop_bl
     fields.update(method.fields(context))
     if use_bias is not None:
         fields["conv_bias"] = use_bias
-    if dropout_rate is not None:
-        fields["dropout_rate"] = dropout_rate
+    if dropout is not None:
+        fields["dropout"] = dropout
     return Recipe(normalization, context.num_blocks, context.branch_layers, loop_blocks=loop_blocks, remat=remat, **fields)

@@ -26,7 +26,7 @@ import zipfile
 
 import keras
 
-from keras_skipinit import applications, files, preprocessing as preprocessing_lib, spec
+from keras_skipinit import applications, compat, files, preprocessing as preprocessing_lib, spec
 from keras_skipinit.checkpoint import Checkpoint
 
 SPEC = "model_spec.json"
@@ -192,15 +192,11 @@ def history_column(model_dir, column):
 # --- the model a run trains -------------------------------------------------------
 
 
-def build_model(model_args):
-    """Builds the model that `model_args` (from `model_spec.json`) describes:
-    {"model": one of `applications.MODELS`, "depth", "width" (WRN), and keyword
-    arguments of the `applications` constructor}."""
-    args = dict(model_args)
-    if "input_shape" in args:
-        args["input_shape"] = tuple(args["input_shape"])
+def recorded_model(model_args):
+    """The model a run's model_spec.json records (`applications.create_model`
+    of its "model" record, in today's names: `compat.model_args`)."""
     try:
-        return applications.build(args.pop("model"), args.pop("depth"), **args)
+        return applications.create_model(**compat.model_args(model_args))
     except TypeError as e:  # an argument this version's constructors do not take
         raise ValueError(f"{SPEC} names a model this version of keras_skipinit cannot build ({e}); "
                          "was the run made by another version?") from None
@@ -315,7 +311,7 @@ def newest_model(model_dir):
     checkpoint = Checkpoint(os.path.join(model_dir, CHECKPOINTS))
     path = os.path.join(model_dir, MODEL)
     if checkpoint.all():
-        model = build_model(spec["model"])
+        model = recorded_model(spec["model"])
         try:
             (epoch, step), restored = checkpoint.restore(model, with_optimizer=False)
         except ValueError as e:
@@ -343,9 +339,3 @@ def _model_keras_epochs(model_dir):
     results = files.read_json(results_path)
     return results.get("epochs_completed") if results.get("status") == "completed" else None
 
-
-def eval_metric(results, name):
-    """A results.json's evaluation metric `name` ('top1', 'top5',
-    'cross_entropy') on its eval_split: `eval_<name>`, or `test_<name>` in
-    files written before the metrics were named by split."""
-    return results.get(f"eval_{name}", results.get(f"test_{name}"))

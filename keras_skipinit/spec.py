@@ -138,7 +138,7 @@ class Config:
     normalization: str = setting("skipinit", "How residual blocks are normalized.", choices=norm_lib.METHODS)
     alpha_init: str | float | None = setting(None, _method_option("alpha_init"), choices=norm_lib.ALPHA_INIT_NAMES,
                                              check="float_or")
-    ghost_batch_size: int | None = setting(None, _method_option("virtual_batch_size"), lower=1, experiment=True)
+    ghost_batch_size: int | None = setting(None, _method_option("ghost_batch_size"), lower=1, experiment=True)
     bn_momentum: float | None = setting(None, _method_option("bn_momentum"), experiment=True)
     nf_beta: float | None = setting(None, _method_option("nf_beta"))
     shortcut: str | None = setting(None, "--model=cifar_resnet: A, parameter-free zero-padding shortcuts (default, He "

@@ -121,7 +121,7 @@ def main(argv):
         return 3
     print(
         f"{'Validation' if results.get('eval_split') == 'validation' else 'Test'} accuracy: "
-        f"top-1 {run_dir.eval_metric(results, 'top1'):.4f}, top-5 {run_dir.eval_metric(results, 'top5'):.4f} "
+        f"top-1 {results['eval_top1']:.4f}, top-5 {results['eval_top5']:.4f} "
         f"on {results['num_test']} held-out images ({results['epochs_completed']} "
         f"epoch{'' if results['epochs_completed'] == 1 else 's'}, {results['wall_time_s']:.0f} s). "
         f"Results: {results_path}"

@@ -47,7 +47,7 @@ def validate(config):
     c = config
     spec.check(c)  # each setting's kind, choices and bounds, as its flag has them (NaN and infinity refused)
     arch = applications.architecture(c.model)
-    norm_lib.check_method(c.normalization, preactivation=arch.preactivation, names=_OPTION_FLAGS, **method_options(c))
+    norm_lib.check_method(c.normalization, preactivation=arch.preactivation, **method_options(c))
     applications.registry.check_options(c.model, shortcut=c.shortcut, stem_init=c.stem_init)
     arch.check_depth(c.depth)  # before the model_dir is made: a refused depth leaves nothing
     if arch.takes_width and c.width < 1:
@@ -70,12 +70,9 @@ def validate(config):
         data_lib.image_folder.layout(c.dataset)  # a folder's layout, before the model_dir is touched
 
 
-_OPTION_FLAGS = {name: option.flag for name, option in norm_lib.OPTIONS.items()}
-
-
 def method_options(config):
     """The method's options (`normalization.OPTIONS`) as the config sets them."""
-    return {name: getattr(config, flag) for name, flag in _OPTION_FLAGS.items()}
+    return {name: getattr(config, name) for name in norm_lib.OPTIONS}
 
 
 def scalar_lr(config):
@@ -87,7 +84,7 @@ def scalar_lr(config):
 
 
 def model_args(config, dataset):
-    """The model's constructor arguments (`run_dir.build_model`), as
+    """The model's constructor arguments (`applications.create_model`), as
     recorded in model_spec.json."""
     args = dict(
         model=config.model,
@@ -96,7 +93,7 @@ def model_args(config, dataset):
         classes=dataset.num_classes,
         normalization=config.normalization,
         **{name: value for name, value in method_options(config).items() if value is not None},
-        dropout_rate=config.dropout,
+        dropout=config.dropout,
         seed=config.seed,
     )
     if config.loop_blocks or config.remat:  # absent from specs written before the looped form
@@ -111,7 +108,7 @@ def model_args(config, dataset):
 
 
 def build_model(config, dataset):
-    return run_dir.build_model(model_args(config, dataset))
+    return applications.create_model(**model_args(config, dataset))
 
 
 def build_note(config):
@@ -389,7 +386,7 @@ def _note_ghost_batches(model, batch, chief):
     (`distribute.model_batch`) into ghost batches and normalizes a remainder
     as its own, smaller ghost batch; say so when that happens, since the
     statistics then depend on the batch split."""
-    ghost = next((l.virtual_batch_size for l in model.layers if getattr(l, "virtual_batch_size", None)), None)
+    ghost = next((l.ghost_batch_size for l in model.layers if getattr(l, "ghost_batch_size", None)), None)
     if not ghost or not chief or batch % ghost == 0:
         return
     if batch < ghost:

@@ -196,9 +196,9 @@ def test_sqrt2_block_is_sum_over_sqrt2():
 def test_ghost_model_equals_batchnorm_model_when_ghost_covers_the_batch():
     x = RNG.normal(size=(8, 32, 32, 3)).astype("float32")
     bn = apps.WideResNet(10, 1, normalization="batchnorm", seed=5)
-    ghost = apps.WideResNet(10, 1, normalization="ghost_batchnorm", virtual_batch_size=8, seed=5)
+    ghost = apps.WideResNet(10, 1, normalization="ghost_batchnorm", ghost_batch_size=8, seed=5)
     np.testing.assert_allclose(ghost(x, training=True), bn(x, training=True), atol=1e-5)
-    small = apps.WideResNet(10, 1, normalization="ghost_batchnorm", virtual_batch_size=2, seed=5)
+    small = apps.WideResNet(10, 1, normalization="ghost_batchnorm", ghost_batch_size=2, seed=5)
     assert np.abs(small(x, training=True) - bn(x, training=True)).max() > 1e-3
 
 
@@ -247,14 +247,14 @@ def test_weights_argument_loads_a_weights_file(tmp_path):
         (dict(normalization="layernorm"), "normalization must be one of"),
         (dict(depth=15), "6k\\+4"),
         (dict(width=0), "width"),
-        (dict(normalization="ghost_batchnorm", virtual_batch_size=0), "virtual_batch_size"),
-        (dict(normalization="batchnorm", virtual_batch_size=32), "ghost_batchnorm"),
+        (dict(normalization="ghost_batchnorm", ghost_batch_size=0), "ghost_batch_size"),
+        (dict(normalization="batchnorm", ghost_batch_size=32), "ghost_batchnorm"),
         (dict(normalization="skipinit", alpha_init="half"), "alpha_init"),
         (dict(normalization="fixup", alpha_init=0.0), "alpha_init applies only"),
         (dict(pooling="min", include_top=False), "pooling"),
         (dict(classes=0), "classes"),
         (dict(weights="imagenet"), "weights"),
-        (dict(dropout_rate=1.0), "dropout_rate"),
+        (dict(dropout=1.0), "dropout"),
         (dict(use_bias="yes"), "use_bias"),
         (dict(input_shape=(32, 32)), "input_shape"),
         (dict(input_tensor=np.zeros((1, 32, 32, 3))), "input_tensor"),

@@ -136,7 +136,7 @@ def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path
     np.save(tmp_path / "x.npy", x)
     models = {}
     for name in CROSS_NORMALIZATIONS:
-        kwargs = {"virtual_batch_size": 3} if name == "ghost_batchnorm" else {}
+        kwargs = {"ghost_batch_size": 3} if name == "ghost_batchnorm" else {}
         model = apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=name, seed=1, **kwargs)
         model(x, training=True)  # move the BN statistics, then every weight off its init
         model.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in model.get_weights()])

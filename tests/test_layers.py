@@ -194,8 +194,8 @@ def test_ghost_bn_mirrored_strategy_matches_one_device():
 
 
 @pytest.mark.parametrize("bad", [0, -64, 2.5, "64", True])
-def test_ghost_bn_rejects_bad_virtual_batch_size(bad):
-    with pytest.raises(ValueError, match="virtual_batch_size"):
+def test_ghost_bn_rejects_bad_ghost_batch_size(bad):
+    with pytest.raises(ValueError, match="ghost_batch_size"):
         GhostBatchNormalization(bad)
 
 

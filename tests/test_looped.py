@@ -25,7 +25,7 @@ def pair(normalization="batchnorm", depth=22, rng=RNG, noise=0.05, **kwargs):
     """An unrolled WRN with weights perturbed by N(0, noise) (BN statistics
     included) and its looped twin with the same weights."""
     if normalization == "ghost_batchnorm":
-        kwargs.setdefault("virtual_batch_size", 4)
+        kwargs.setdefault("ghost_batch_size", 4)
     common = dict(input_shape=(16, 16, 3), normalization=normalization, seed=1, **kwargs)
     unrolled = apps.WideResNet(depth, 1, **common)
     loop = apps.WideResNet(depth, 1, loop_blocks=True, **common)
@@ -86,7 +86,7 @@ def test_training_steps_give_the_same_weights(normalization, remat):
     ghost = normalization == "ghost_batchnorm"
     unrolled, _ = pair(normalization, depth=16, rng=np.random.default_rng(0), noise=0.0 if ghost else 0.05)
     loop = apps.WideResNet(16, 1, input_shape=(16, 16, 3), normalization=normalization, loop_blocks=True,
-                           remat=remat, virtual_batch_size=4 if ghost else None)
+                           remat=remat, ghost_batch_size=4 if ghost else None)
     loop(X)
     looped.transfer_weights(unrolled, loop)
     losses, after_one_step = [], []

@@ -35,7 +35,7 @@ def toy_bottleneck_resnets(monkeypatch):
 
 
 def _kwargs(normalization):
-    return {"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}
+    return {"ghost_batch_size": 2} if normalization == "ghost_batchnorm" else {}
 
 
 def _perturbed(model, x, rng):

@@ -60,7 +60,7 @@ def test_a_checkpoint_restores_every_variable_of_every_method(tmp_path, normaliz
     into another model of the same method."""
     def model_of(seed):
         model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization=normalization, seed=seed,
-                                **({"virtual_batch_size": 2} if normalization == "ghost_batchnorm" else {}))
+                                **({"ghost_batch_size": 2} if normalization == "ghost_batchnorm" else {}))
         # Eager steps: the same state changes without tracing a step per method (~5 s each on 2 cores).
         model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse", run_eagerly=True)
         return model
@@ -445,7 +445,7 @@ def test_a_model_this_version_cannot_build_or_load_is_one_line_naming_why(tmp_pa
     import zipfile
 
     with pytest.raises(ValueError, match="cannot build .*no_such_argument.*another version"):
-        run_dir.build_model({"model": "wrn", "depth": 10, "width": 1, "no_such_argument": 1})
+        run_dir.recorded_model({"model": "wrn", "depth": 10, "width": 1, "no_such_argument": 1})
     path, renamed = tmp_path / "m.keras", tmp_path / "renamed.keras"
     apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization="skipinit", seed=0).save(path)
     with zipfile.ZipFile(path) as old, zipfile.ZipFile(renamed, "w") as new:

@@ -9,7 +9,7 @@ import textwrap
 
 import keras
 
-from keras_skipinit import block_ops, layers as ksl, normalization as norm_lib
+from keras_skipinit import block_ops, compat, layers as ksl, normalization as norm_lib
 
 POOLINGS = (None, "avg", "max")
 
@@ -49,7 +49,7 @@ def _bound(fn, signature, apply_defaults=False):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
+        bound = signature.bind(*args, **compat.keywords(kwargs, caller=fn.__name__))
         if apply_defaults:
             bound.apply_defaults()
         return fn(**bound.arguments)
@@ -89,7 +89,11 @@ def variant(make, **fixed):
     and version 2): the signature without them."""
     signature = inspect.signature(make)
     signature = signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in fixed])
-    return _bound(lambda **arguments: make(**fixed, **arguments), signature)
+    def fixed_make(**arguments):
+        return make(**fixed, **arguments)
+
+    fixed_make.__name__ = f"{make.__name__}({', '.join(f'{k}={v!r}' for k, v in fixed.items())})"
+    return _bound(fixed_make, signature)
 
 
 def allow_deep_graph(num_blocks):

@@ -95,6 +95,6 @@ def CifarResNet(depth=20, *, shortcut="A", stem_init="he_normal", **arguments):
         return ops.stack(x, specs, block)
 
     context = norm_lib.Context(num_blocks=len(specs), branch_layers=BRANCH_LAYERS, v1=True,
-                               default_virtual_batch_size=64, default_regularized_dropout=0.6)
+                               default_ghost_batch_size=64, default_regularized_dropout=0.6)
     return _base.build(body, arguments, context=context, default_name=f"cifar_resnet{depth}",
                        default_input_shape=(32, 32, 3), stem_stride=1)

@@ -81,13 +81,23 @@ def _sort_key(name):
     return MODELS.index(model), depth, width or 0
 
 
-def create_model(name, **kwargs):
+def create_model(name=None, **kwargs):
     """The model `name` (see `list_models`); keyword arguments go to its
     constructor (normalization=..., input_shape=..., classes=...,
-    include_top=False, pyramid_outputs=True, ...).
+    include_top=False, pyramid_outputs=True, ...). Without a name, the
+    family, depth and width are keywords too: a run's recorded spec
+    (model_spec.json's "model") builds as `create_model(**spec)`.
 
         create_model("wrn_16_4", normalization="skipinit")
         create_model("resnet50_v2", include_top=False, pyramid_outputs=True)
+        create_model(model="wrn", depth=16, width=4, normalization="skipinit")
     """
-    model, depth, width = parse_name(name)
+    if name is None:
+        if "model" not in kwargs or "depth" not in kwargs:
+            raise TypeError("create_model() needs a model name ('wrn_16_4') or model= and depth= (and width= for wrn)")
+        model, depth, width = kwargs.pop("model"), kwargs.pop("depth"), kwargs.pop("width", None)
+    else:
+        model, depth, width = parse_name(name)
+    if isinstance(kwargs.get("input_shape"), list):  # a JSON record's
+        kwargs["input_shape"] = tuple(kwargs["input_shape"])
     return build(model, depth, width, **kwargs)

@@ -97,7 +97,7 @@ def ResNet(depth, version, **arguments):
     if version not in (1, 2):
         raise ValueError(f"ResNet version must be 1 or 2, got {version!r}.")
     context = norm_lib.Context(num_blocks=sum(BLOCKS_PER_STAGE[depth]), branch_layers=BRANCH_LAYERS, v1=version == 1,
-                               default_virtual_batch_size=256, default_regularized_dropout=0.2)
+                               default_ghost_batch_size=256, default_regularized_dropout=0.2)
     return _base.build(_body(depth, version), arguments, context=context, default_name=f"resnet{depth}v{version}",
                        default_input_shape=(224, 224, 3), stem_stride=4)
 

@@ -63,6 +63,6 @@ def WideResNet(depth=16, width=2, **arguments):
         return ops.preact(x, "post_bn", "post_relu")
 
     context = norm_lib.Context(num_blocks=len(specs), branch_layers=BRANCH_LAYERS, v1=False,
-                               default_virtual_batch_size=64, default_regularized_dropout=0.6)
+                               default_ghost_batch_size=64, default_regularized_dropout=0.6)
     return _base.build(body, arguments, context=context, default_name=f"wide_resnet{depth}_{width}",
                        default_input_shape=(32, 32, 3), stem_stride=1)

@@ -24,9 +24,8 @@ def config(settings, run):
     key, depth, batch, lr, seed, phase = run
     overrides = dict(METHOD_SETTINGS[key][1])
     for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
-        flag = norm_lib.OPTIONS[option].flag
-        if getattr(settings, flag, None) is not None:
-            overrides[flag] = getattr(settings, flag)
+        if getattr(settings, option, None) is not None:
+            overrides[option] = getattr(settings, option)
     for name in ("l2", "mixup_alpha", "preprocessing"):  # train.py's default unless the sweep sets it
         if getattr(settings, name, None) is not None:
             overrides[name] = getattr(settings, name)
@@ -129,8 +128,6 @@ def record(settings, run, outcome):
     """The runs.jsonl line of a finished run (its test_top1 is the accuracy
     on its eval_split, as in every runs.jsonl committed before results.json
     named its metrics by split)."""
-    from keras_skipinit import run_dir
-
     key, depth, batch, lr, seed, phase = run
     result = outcome["result"]
     results = {k: v for k, v in result.items() if k not in ("chief", "signal")}
@@ -140,7 +137,7 @@ def record(settings, run, outcome):
     return {"model": settings.model, "method": key, "depth": depth, "width": settings.width, "batch_size": batch,
             "accumulation_steps": results["config"].get("accumulation_steps", 1), "lr": lr,
             "log2_lr": math.log2(lr), "seed": seed, "phase": phase, "status": result["status"],
-            "test_top1": run_dir.eval_metric(result, "top1"), "eval_split": result.get("eval_split", "test"),
+            "test_top1": result.get("eval_top1"), "eval_split": result["eval_split"],
             "train_cross_entropy": result["train_cross_entropy"], "curve": outcome["curve"],
             "wall_time_s": result["wall_time_s"], "machine": outcome["machine"], "results": results}
 

@@ -1,0 +1,44 @@
+"""Files and calls from before a setting took today's name, read here only.
+
+The main paths know today's names alone; what older versions wrote (a run's
+model_spec.json, a .keras file, results.json) and the keyword arguments they
+documented are translated to them in this module. Imports nothing heavy.
+"""
+
+import warnings
+
+# Model keyword arguments (the constructors', and model_spec.json's "model" record): old name -> today's.
+RENAMED_KEYWORDS = {"virtual_batch_size": "ghost_batch_size", "dropout_rate": "dropout"}
+
+
+def keywords(kwargs, caller=None):
+    """`kwargs` with old keyword names (`RENAMED_KEYWORDS`) under today's.
+    With `caller` (a name), each old one given is a DeprecationWarning
+    naming the new one; a keyword given under both names is a TypeError."""
+    renamed = dict(kwargs)
+    for old, new in RENAMED_KEYWORDS.items():
+        if old not in renamed:
+            continue
+        if new in renamed:
+            raise TypeError(f"{caller or 'the model'} got {old!r} and {new!r}, one setting under two names: "
+                            f"pass {new!r} alone")
+        renamed[new] = renamed.pop(old)
+        if caller:
+            warnings.warn(f"{caller}: {old!r} is now {new!r}", DeprecationWarning, stacklevel=3)
+    return renamed
+
+
+def model_args(recorded):
+    """A model_spec.json "model" record in today's names (runs written
+    before the renames keep exporting and resuming)."""
+    return keywords(recorded)
+
+
+def ghost_batch_norm_config(config):
+    """A saved `GhostBatchNormalization` config in today's names (.keras
+    files saved when its argument was `virtual_batch_size`)."""
+    config = dict(config)
+    if "virtual_batch_size" in config:
+        config["ghost_batch_size"] = config.pop("virtual_batch_size")
+    return config
+
