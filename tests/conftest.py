@@ -21,7 +21,9 @@ def _stderr_to_devnull():
     """TensorFlow 2.21 writes start-up lines from C++ (absl, before
     TF_CPP_MIN_LOG_LEVEL applies) to file descriptor 2 on import. Under
     pytest-xdist the controller's copy is released after the summary, so
-    the run would not end on pytest's closing line: keep them out."""
+    the run would not end on pytest's closing line: keep them out. (Not
+    `_startup.filtered_stderr`: importing the package imports Keras, whose
+    start-up this must enclose.)"""
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
