@@ -34,18 +34,18 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, run_dir, serving, spec
+from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, run_dir, runtimes, serving, spec
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
 
 
 def require(fmt):
-    """The runtime `fmt` needs, or a one-line ValueError saying what to install."""
-    modules = FORMATS[fmt].modules
-    missing = [name for name in modules if not _startup.installed(name)]
-    if missing:
-        raise ValueError(f"--format={fmt} needs {', '.join(missing)}: pip install -e \".[export]\"")
+    """What writing and checking `fmt` needs (its converter and its runtime),
+    or a one-line ValueError saying what to install."""
+    absent = runtimes.missing(FORMATS[fmt].modules + runtimes.RUNTIMES[fmt].modules)
+    if absent:
+        raise ValueError(f"--format={fmt} {absent}")
 
 
 def exact_shape(x, height, width, channels):
@@ -86,8 +86,6 @@ def _archive(model, preprocessing, directory):
 # input_inference_type: FLOAT32, ..." reads as if the file were not int8 (it is: int8 inside, float at
 # the boundary, as --quantize=int8 documents).
 CONVERTER_NOISE = ("fully_quantize:",)
-# LiteRT's C++ note on every interpreter (not a warning; a user's own Python shows it: README).
-RUNTIME_NOISE = ("INFO: Created TensorFlow Lite XNNPACK delegate",)
 
 
 def _filtered_stderr(noise):
@@ -234,50 +232,19 @@ def failed_path(path):
     return publish.stem(path) + ".check_failed" + os.path.splitext(path)[1]
 
 
-def read_labels(path, classes):
-    """Class names, one a line (UTF-8 text); as many as the model has classes."""
-    if not os.path.isfile(path):
-        raise ValueError(f"--labels={path}: {'a directory' if os.path.isdir(path) else 'no such file'}, "
-                         "not a file of class names")
-    try:
-        with open(path, encoding="utf-8") as f:
-            labels = [line.rstrip("\n") for line in f if line.strip()]
-    except UnicodeDecodeError:
-        raise ValueError(f"--labels={path} is not a text file of class names (not UTF-8)") from None
-    if len(labels) != classes:
-        raise ValueError(f"{path} names {len(labels)} classes, the model has {classes}")
-    return labels
-
-
-def _litert_runner(path):
-    """LiteRT's runner: the XNNPACK CPU delegate, every core."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    runner = Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner()
-    return lambda images: runner(images=images)["probabilities"]
-
-
-def _onnx_runner(path):
-    """ONNX Runtime's runner: the CPU provider."""
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda images: session.run(["probabilities"], {name: images})[0]
-
-
 @dataclasses.dataclass(frozen=True)
 class Format:
     """A single-file export format: a new one is one `FORMATS` entry.
 
-    - suffix, quantizations (offered with --quantize), modules (what it
-      needs installed; each module's package: '_' -> '-');
+    - suffix (the runtime's), quantizations (offered with --quantize), modules (what converting
+      needs installed besides its runtime, `runtimes.RUNTIMES`; each
+      module's package: '_' -> '-');
     - convert(serve, spec, saved_model, quantize, calibration, labels) -> the
       file's bytes from the inference graph (a tf function and its input
       spec, also written as a SavedModel directory);
     - quantize_file(path, quantize, calibration) -> the path of a quantized
       copy, for formats quantized after conversion (else None);
-    - runner(path) -> a function of a uint8 image batch -> probabilities.
+    a written file runs in its runtime, `runtimes.RUNTIMES` (the same key).
     """
 
     suffix: str
@@ -285,29 +252,20 @@ class Format:
     modules: tuple
     convert: object
     quantize_file: object
-    runner: object
 
 
 FORMATS = {
-    "litert": Format(".tflite", spec.EXPORT_QUANTIZATIONS["litert"], ("ai_edge_litert",), _litert_bytes, None, _litert_runner),
-    "onnx": Format(".onnx", spec.EXPORT_QUANTIZATIONS["onnx"], ("onnxruntime", "tf2onnx"), _onnx_bytes, _onnx_int8, _onnx_runner),
+    "litert": Format(runtimes.RUNTIMES["litert"].suffix, spec.EXPORT_QUANTIZATIONS["litert"], (), _litert_bytes, None),
+    "onnx": Format(runtimes.RUNTIMES["onnx"].suffix, spec.EXPORT_QUANTIZATIONS["onnx"], ("tf2onnx",), _onnx_bytes,
+                   _onnx_int8),
 }
-
-
-def format_of(path):
-    """The `FORMATS` name of a file, by its suffix."""
-    for name, fmt in FORMATS.items():
-        if path.endswith(fmt.suffix):
-            return name
-    raise ValueError(f"{path} is none of the export formats ({', '.join(f.suffix for f in FORMATS.values())})")
+format_of = runtimes.format_of
 
 
 def run_file(path, images, batch=64):
     """Probabilities of a written file in its runtime."""
-    with _filtered_stderr(RUNTIME_NOISE):
-        run = FORMATS[format_of(path)].runner(path)
-        outputs = [run(images[i : i + batch]) for i in range(0, len(images), batch)]
-    return np.concatenate(outputs).astype(np.float32)
+    run = runtimes.open_file(path).run
+    return np.concatenate([run(images[i : i + batch]) for i in range(0, len(images), batch)])
 
 
 def keras_probabilities(model, images, preprocessing, batch=64):

@@ -139,11 +139,11 @@ def _run_of(source):
 
 
 def _labels(model):
-    from keras_skipinit import deploy, run_dir
+    from keras_skipinit import run_dir, runtimes
 
     classes = model.output_shape[-1]
     if F.labels is not None:
-        return deploy.read_labels(F.labels, classes)
+        return runtimes.read_labels(F.labels, classes)
     if _run_of(F.source):
         labels = run_dir.read_spec(_run_of(F.source)).get("labels") or None
         return labels if labels and len(labels) == classes else None

@@ -98,3 +98,34 @@ def test_litert_and_onnx_files_answer_as_the_run(run_and_images, capsys, tmp_pat
         path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), prep, labels=names)
         status, lines = answers(capsys, f"--source={path}", images)
         assert status == 0 and [line[:2] for line in lines] == [[f, f"digit {label}"] for f, label, _ in from_run], fmt
+
+
+def test_an_onnx_file_answers_without_tensorflow(tmp_path, capsys):
+    """An exported file runs in its own runtime, TensorFlow or not (CI's JAX
+    stage has none): a hand-made ONNX graph of the exports' interface (uint8
+    `images` -> `probabilities`) that ranks classes by how close an image's
+    mean brightness is to 30, 128 and 220, with its labels file beside it."""
+    require_module("onnx", 'pip install onnx onnxruntime (or -e ".[export]")')
+    require_module("onnxruntime", 'pip install onnx onnxruntime (or -e ".[export]")')
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["images"], ["x"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceMean", ["x"], ["m"], axes=[1, 2, 3], keepdims=0),
+             helper.make_node("Unsqueeze", ["m", "one"], ["m1"]),
+             helper.make_node("Sub", ["m1", "centres"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["d2"]),
+             helper.make_node("Neg", ["d2"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "brightness", [helper.make_tensor_value_info("images", TensorProto.UINT8, [None, 8, 8, 1])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])],
+        initializer=[helper.make_tensor("centres", TensorProto.FLOAT, [3], [30.0, 128.0, 220.0]),
+                     helper.make_tensor("one", TensorProto.INT64, [1], [1])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    (tmp_path / "m.labels.txt").write_text("dark\nmid\nbright\n")
+    for name, value in (("a", 10), ("b", 140), ("c", 250), ("d", 35)):
+        Image.fromarray(np.full((8, 8), value, np.uint8)).save(tmp_path / f"{name}.png")
+    status, lines = answers(capsys, f"--source={path}", *(tmp_path / f"{n}.png" for n in "abcd"))
+    assert status == 0 and [line[1] for line in lines] == ["dark", "mid", "bright", "dark"]

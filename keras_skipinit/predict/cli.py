@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, image_folder
+from keras_skipinit import _cli, image_folder, runtimes
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 NAME = "python -m keras_skipinit.predict"
@@ -91,7 +91,7 @@ def load(source):
     """The `Source` that --source names, in its own runtime."""
     if os.path.isdir(source) and os.path.exists(os.path.join(source, "saved_model.pb")):
         return _saved_model(source)
-    if source.endswith((".tflite", ".onnx")):
+    if source.endswith(tuple(r.suffix for r in runtimes.RUNTIMES.values())):
         return _exported_file(source)
     return _keras(source)
 
@@ -158,32 +158,16 @@ def _saved_model(path):
 
 
 def _exported_file(path):
+    """A .tflite or .onnx file in its runtime (no TensorFlow needed: `runtimes`)."""
+    from keras_skipinit import publish
+
     if not os.path.isfile(path):
         raise ValueError(f"--source={path}: no such file")
-    missing = _cli.without_tensorflow(f"--source={path}")  # the runners live beside the converters (deploy)
-    if missing:
-        raise ValueError(missing)
-    from keras_skipinit import deploy, publish
-
-    fmt = deploy.format_of(path)
-    deploy.require(fmt)
-    run = deploy.FORMATS[fmt].runner(path)
-    if fmt == "litert":
-        from ai_edge_litert.interpreter import Interpreter
-
-        signature = Interpreter(model_path=path).get_signature_runner()
-        shape = signature.get_input_details()["images"]["shape"][1:]
-        classes = signature.get_output_details()["probabilities"]["shape"][-1]
-    else:
-        import onnxruntime
-
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        shape, classes = session.get_inputs()[0].shape[1:], session.get_outputs()[0].shape[-1]
+    loaded = runtimes.open_file(path)
     labels_file = publish.labels_path(path)  # as the export wrote them; checked against the file's classes
-    labels = dict(enumerate(deploy.read_labels(labels_file, int(classes)))) if os.path.isfile(labels_file) else {}
-    height, width, channels = (int(d) for d in shape)
-    return Source(path, (height, width, channels), height, labels,
-                  lambda images, files: np.asarray(run(images), np.float32))
+    labels = dict(enumerate(runtimes.read_labels(labels_file, loaded.classes))) if os.path.isfile(labels_file) else {}
+    height = loaded.shape[0]
+    return Source(path, loaded.shape, height, labels, lambda images, files: loaded.run(images))
 
 
 def predict(source, files, top_k=1, batch_size=64, progress=None):
