@@ -1,8 +1,10 @@
 """A run started from another run's weights (`--init_from`), and a run that
 trains the classifier only (`--freeze_backbone`, a linear probe).
 
-The source is a train.py model_dir (its newest state) or a `.keras` file.
-Its layers' weights are copied into the new model's layers of the same name:
+The source is a train.py model_dir (its newest state), a `.keras` file, or a
+weights file (`model.save_weights`, `.weights.h5`: weights without the model,
+read into this run's architecture with the file's class count). Its layers'
+weights are copied into the new model's layers of the same name:
 every layer but the head must match (the same architecture, method, depth,
 width, looping and input channels; the image size may differ), else one
 line names what differs. The head (the classifier, and Fixup's scalar bias
@@ -38,23 +40,49 @@ def check(config):
                   if recorded.get(k, getattr(config, k)) != getattr(config, k)]
         if differ:
             raise ValueError(f"--init_from={path} was trained with another model: {'; '.join(differ)}")
-    elif not os.path.isfile(path) or not path.endswith(".keras"):
-        raise ValueError(f"--init_from={path}: no such train.py model_dir or .keras file")
+    elif not os.path.isfile(path) or not path.endswith((".keras", WEIGHTS)):
+        raise ValueError(f"--init_from={path}: no such train.py model_dir, .keras or {WEIGHTS} file")
 
 
-def _source(path):
+WEIGHTS = ".weights.h5"  # model.save_weights' files
+
+
+def _classes_in_weights(path):
+    """The class count of a weights file's classifier (Keras names a model's
+    one Dense layer 'dense' there)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f["layers/dense/vars/0"].shape[-1])
+    except (OSError, KeyError):
+        raise ValueError(f"--init_from={path} is not a weights file of a keras_skipinit classifier "
+                         "(model.save_weights of a model with its top)") from None
+
+
+def _source(path, rebuild):
     from keras_skipinit import run_dir
 
     if os.path.isdir(path):
         model, _, description = run_dir.newest_model(path)
         return model, f"{path} ({description})"
+    if path.endswith(WEIGHTS):
+        model = rebuild(_classes_in_weights(path))
+        try:
+            model.load_weights(path)
+        except ValueError as e:  # another architecture's layers
+            raise ValueError(f"--init_from={path} holds the weights of another model ({str(e).splitlines()[0]}): "
+                             "it needs the same --model, --depth, --width, --normalization, --loop_blocks and "
+                             "image channels") from None
+        return model, path
     return run_dir.load_keras(path), path
 
 
-def load_into(model, path):
+def load_into(model, path, rebuild):
     """Copies the source's weights into `model` (see the module docstring);
-    returns one line saying what was loaded."""
-    source, description = _source(path)
+    returns one line saying what was loaded. `rebuild(classes)` makes this
+    run's architecture with another class count (for a weights file)."""
+    source, description = _source(path, rebuild)
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []
     for layer in model.layers:

@@ -147,11 +147,12 @@ class Config:
                                     "or pytorch_default (U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).",
                                     choices=STEM_INITS)
     init_from: str | None = setting(None, "Start from another run's weights: a train.py model_dir (its newest "
-                                    "state) or a .keras file of the same --model, --depth, --width and "
-                                    "--normalization; its classifier too when the class count matches, else the "
-                                    "method's own init (keras_skipinit.finetune). A resumed run continues from its "
-                                    "own checkpoint.")
-    freeze_backbone: bool = setting(False, "With --init_from: train the classifier only (a linear probe).")
+                                    "state), a .keras file or a .weights.h5 file of the same --model, --depth, "
+                                    "--width and --normalization; its classifier too when the class count matches, "
+                                    "else the method's own init (keras_skipinit.finetune). A resumed run continues "
+                                    "from its own checkpoint.", experiment=True)
+    freeze_backbone: bool = setting(False, "With --init_from: train the classifier only (a linear probe).",
+                                    experiment=True)
     lsuv: bool = setting(False, "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training "
                          "batch, for networks without normalization (Fixup §4.1 baseline; use with "
                          "--normalization=none).")

@@ -236,7 +236,8 @@ def _train(config, strategy, out_dir, start, interrupt):
             os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
         )
         if config.init_from and not checkpoint.all():  # a resumed run continues from its own checkpoint
-            started = finetune.load_into(model, config.init_from)
+            started = finetune.load_into(model, config.init_from, lambda classes: applications.create_model(
+                **{**model_args(config, dataset), "classes": classes}))
             if chief:
                 print(started, flush=True)
         if config.lsuv and not checkpoint.all():

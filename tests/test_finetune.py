@@ -62,7 +62,7 @@ def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_
 @pytest.mark.parametrize("change,match", [
     (dict(depth=16), "--depth=10 there, 16 here"),
     (dict(normalization="fixup", alpha_init=None), "--normalization=skipinit there, fixup here"),
-    (dict(init_from="nowhere.keras"), "no such train.py model_dir or .keras file"),
+    (dict(init_from="nowhere.keras"), "no such train.py model_dir, .keras or .weights.h5 file"),
     (dict(init_from=None, freeze_backbone=True), "freeze_backbone trains the classifier"),
 ])
 def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, change, match):
@@ -72,3 +72,29 @@ def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, chan
     with pytest.raises(ValueError, match=match):
         training.validate(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path):
+    """--init_from=FILE.weights.h5 (model.save_weights: no architecture in
+    it): read into this run's architecture with the file's 10 classes, the
+    backbone copied and the 3-class head new; the sweep passes --init_from and
+    --freeze_backbone to its runs as experiment settings."""
+    from keras_skipinit.sweep import cli, runner
+
+    source, folder = source_and_folder
+    model, _, _ = run_dir.newest_model(str(source))
+    path = tmp_path / "digits.weights.h5"
+    model.save_weights(path)
+    results, tuned = tune(tmp_path, path, folder, "from_weights", learning_rate=1e-9)
+    theirs, mine = weights(source), weights(tuned)
+    assert results["status"] == "completed" and mine["predictions"][0].shape[-1] == 3
+    for name in ("stem_conv", "group3_block1_2_conv"):
+        np.testing.assert_allclose(mine[name][0], theirs[name][0], atol=1e-6)
+    (tmp_path / "not.weights.h5").write_bytes(b"no hdf5")
+    with pytest.raises(ValueError, match="not a weights file of a keras_skipinit classifier"):
+        tune(tmp_path, tmp_path / "not.weights.h5", folder, "bad")
+
+    settings = cli.parse_args(["--preset=skipinit_table1", f"--init_from={path}", "--freeze_backbone",
+                               "--methods=skipinit", "--out=" + str(tmp_path / "sweep")])
+    config = runner.config(settings, ("skipinit", 16, 64, 0.1, 0, "select"))
+    assert config.init_from == str(path) and config.freeze_backbone

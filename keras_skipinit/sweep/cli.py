@@ -61,7 +61,8 @@ def build_parser():
                                 "manual_dir": None, "epochs": 3, "schedule": "cifar", "steps_per_epoch": None,
                                 "batch_size": 32, "train_examples": None, "validation_examples": None,
                                 "ghost_batch_size": None, "bn_momentum": None, "l2": None, "mixup_alpha": None,
-                                "preprocessing": None, "xla": False, "loop_blocks": False, "checkpoint_steps": 0},
+                                "preprocessing": None, "xla": False, "loop_blocks": False, "checkpoint_steps": 0,
+                                "init_from": None, "freeze_backbone": False},
                        notes={"model": "One model per --out.", "validation_examples": "Runs that choose the lr do.",
                               "checkpoint_steps": "A run killed midway (a deep one: an hour) loses at most N steps; "
                               "not an experiment setting.", "l2": "Default: train.py's.",

@@ -179,9 +179,10 @@ def load_beside(folders, args):
                 and {"depths", "best_k", "seeds"} <= set(settings)):
             raise ValueError(f"--beside: {path} is not a sweep's summary.json (no settings with depths, best_k and "
                              "seeds, and cells); write it with that sweep's --report_only")
-        differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here"  # its depths, seeds, methods may differ
+        # Its depths, seeds and methods may differ; a setting newer than its summary is not compared.
+        differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here"
                   for k in ("protocol", "batch_sizes", "micro_batch_size", "chance", *EXPERIMENT)
-                  if hasattr(args, k) and settings.get(k) != getattr(args, k)]  # momentum, accumulation: no flags
+                  if hasattr(args, k) and k in settings and settings[k] != getattr(args, k)]
         if differ:
             raise ValueError(f"--beside: {folder} is another experiment ({'; '.join(differ)})")
         sweeps.append({"out": os.path.basename(os.path.normpath(folder)), "depths": settings["depths"],

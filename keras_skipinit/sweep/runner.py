@@ -26,7 +26,7 @@ def config(settings, run):
     for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
         if getattr(settings, option, None) is not None:
             overrides[option] = getattr(settings, option)
-    for name in ("l2", "mixup_alpha", "preprocessing"):  # train.py's default unless the sweep sets it
+    for name in ("l2", "mixup_alpha", "preprocessing", "init_from", "freeze_backbone"):  # train.py's unless set here
         if getattr(settings, name, None) is not None:
             overrides[name] = getattr(settings, name)
     micro = min(batch, settings.micro_batch_size or batch)
