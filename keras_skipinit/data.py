@@ -142,10 +142,14 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     A folder of images (`image_folder.looks_like_folder`) is read by
     `image_folder.read` with the keywords in `folder`."""
     if preprocessing_choice is not None:
-        preprocessing.choose(preprocessing_choice, name, (1, 1, 1))  # a bad choice fails before the data is read
+        own_stats = image_folder.looks_like_folder(name)  # a folder's statistics are its own training images'
+        # A bad choice fails before the data is read.
+        preprocessing.choose(preprocessing_choice, name, (1, 1, 1), stats=((0.0,), (1.0,)) if own_stats else None)
         dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
+        stats = (preprocessing.channel_stats(dataset.train[0]) if own_stats and preprocessing_choice ==
+                 preprocessing.MEAN_STD else None)
         return dataclasses.replace(
-            dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape))
+            dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape, stats))
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")

@@ -20,6 +20,7 @@ dataset's images need. TensorFlow is imported only by the TensorFlow forms.
 
 import dataclasses
 import functools
+import re
 
 import numpy as np
 
@@ -219,6 +220,12 @@ class Preprocessing:
         return (self.input_size, self.input_size, image_shape[-1])
 
 
+def _mean_std_entry(name, mean, std):
+    normalize = functools.partial(_channels, mean=mean, std=std)
+    return Preprocessing(name, functools.partial(_mean_std_train, mean=mean, std=std), None, normalize, normalize,
+                         functools.partial(_channels_numpy, mean=mean, std=std), None)
+
+
 PREPROCESSINGS = {
     STANDARDIZE: Preprocessing(STANDARDIZE, _standardize_train, None, _standardize, _standardize_batch,
                                  _standardize_numpy, None),
@@ -227,19 +234,47 @@ PREPROCESSINGS = {
                               _imagenet_resize_numpy),
 }
 for _dataset, (_mean, _std) in CHANNEL_STATS.items():
-    _normalize = functools.partial(_channels, mean=_mean, std=_std)
-    PREPROCESSINGS[f"{_dataset}_{MEAN_STD}"] = Preprocessing(
-        f"{_dataset}_{MEAN_STD}", functools.partial(_mean_std_train, mean=_mean, std=_std), None, _normalize,
-        _normalize, functools.partial(_channels_numpy, mean=_mean, std=_std), None)
+    PREPROCESSINGS[f"{_dataset}_{MEAN_STD}"] = _mean_std_entry(f"{_dataset}_{MEAN_STD}", _mean, _std)
 NAMES = tuple(PREPROCESSINGS)
 CHOICES = (STANDARDIZE, MEAN_STD)  # what a run of images up to 64 px may choose (`choose`)
+# A dataset without a CHANNEL_STATS line (a folder of your own images) carries its statistics in the name:
+# 'mean_std(m1,m2,m3/s1,s2,s3)', so the run's record and every export made from it hold them.
+_INLINE = re.compile(r"mean_std\((?P<mean>[^/()]+)/(?P<std>[^/()]+)\)")
+
+
+def stats_name(mean, std):
+    """The preprocessing name of per-channel `mean` and `std` (0-255 pixels)."""
+    return f"{MEAN_STD}({','.join(f'{m:.4f}' for m in mean)}/{','.join(f'{s:.4f}' for s in std)})"
+
+
+def channel_stats(images):
+    """Per-channel mean and std of uint8 `images` [N, H, W, C], as the
+    papers' CIFAR normalization takes them from the training split."""
+    pixels = np.asarray(images).reshape(-1, np.shape(images)[-1])
+    mean = np.zeros(pixels.shape[1])
+    square = np.zeros(pixels.shape[1])
+    for start in range(0, len(pixels), 1 << 22):  # float64 in slices: no copy of the whole split
+        chunk = pixels[start : start + (1 << 22)].astype(np.float64)
+        mean += chunk.sum(0)
+        square += (chunk**2).sum(0)
+    mean /= len(pixels)
+    return tuple(map(float, mean)), tuple(map(float, np.sqrt(np.maximum(square / len(pixels) - mean**2, 0.0))))
 
 
 def get(name):
-    """The `Preprocessing` called `name`, or a ValueError naming the choices."""
-    if name not in PREPROCESSINGS:
-        raise ValueError(f"preprocessing must be one of {NAMES}, got {name!r}.")
-    return PREPROCESSINGS[name]
+    """The `Preprocessing` called `name` (a `PREPROCESSINGS` entry, or a
+    `stats_name`), or a ValueError naming the choices."""
+    if name in PREPROCESSINGS:
+        return PREPROCESSINGS[name]
+    match = _INLINE.fullmatch(name) if isinstance(name, str) else None
+    if match:
+        try:
+            mean, std = (tuple(float(v) for v in match[k].split(",")) for k in ("mean", "std"))
+        except ValueError:
+            mean = std = ()
+        if mean and len(mean) == len(std) and all(s > 0 for s in std):
+            return _mean_std_entry(name, mean, std)
+    raise ValueError(f"preprocessing must be one of {NAMES} or mean_std(<means>/<stds>), got {name!r}.")
 
 
 def for_images(image_shape):
@@ -249,10 +284,11 @@ def for_images(image_shape):
     return STANDARDIZE if fixed else IMAGENET
 
 
-def choose(choice, dataset, image_shape):
+def choose(choice, dataset, image_shape, stats=None):
     """The entry a run on `dataset` uses: its images' own (`for_images`)
     where `choice` is None, else 'standardize' or 'mean_std' (the dataset's
-    `CHANNEL_STATS`) for images up to 64 px; one line for anything else."""
+    `CHANNEL_STATS`, else `stats`, (mean, std) of its training images, as
+    a `stats_name`) for images up to 64 px; one line for anything else."""
     if choice is not None and choice not in CHOICES:
         raise ValueError(f"preprocessing must be one of {CHOICES} (or unset: the dataset's own), got {choice!r}.")
     own = for_images(image_shape)
@@ -262,6 +298,8 @@ def choose(choice, dataset, image_shape):
         raise ValueError(f"--preprocessing={choice} is for images up to {CIFAR_MAX_SIZE} px; {dataset} has "
                          f"{'x'.join(map(str, image_shape))} images, which take {own}.")
     if choice == MEAN_STD and dataset not in CHANNEL_STATS:
+        if stats is not None:
+            return stats_name(*stats)
         raise ValueError(f"--preprocessing={MEAN_STD}: no channel statistics for {dataset!r} "
                          f"(preprocessing.CHANNEL_STATS has {', '.join(CHANNEL_STATS)}; add its line there).")
     return f"{dataset}_{MEAN_STD}" if choice == MEAN_STD else choice

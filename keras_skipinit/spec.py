@@ -188,7 +188,8 @@ class Config:
     preprocessing: str | None = setting(
         None, "Images up to 64 px: standardize (per image, SkipInit §2.3) or mean_std (per channel by the dataset's "
         "training-split statistics, the papers' CIFAR normalization; known for "
-        f"{', '.join(preprocessing_lib.CHANNEL_STATS)}). Default: the dataset's own (standardize up to 64 px, imagenet "
+        f"{', '.join(preprocessing_lib.CHANNEL_STATS)}; a folder's computed from its training images and recorded "
+        "with the run). Default: the dataset's own (standardize up to 64 px, imagenet "
         "above); exports carry the choice.", choices=preprocessing_lib.CHOICES, experiment=True)
     batch_size: int = setting(32, "Global batch size per optimizer update.", lower=1)
     accumulation_steps: int = setting(1, "Micro-batches accumulated per update (SkipInit §3).", lower=1,

@@ -122,3 +122,24 @@ def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path):
     spec = json.load(open(tmp_path / "run" / "model_spec.json"))
     assert spec["labels"] == ["one", "seven", "zero"]
     assert spec["model"]["input_shape"] == [32, 32, 1]
+
+
+def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
+    """--preprocessing=mean_std on a folder: per-channel mean and std of the
+    images it trains on (not the held-out ones), computed by hand here; the
+    run records them in its preprocessing name, which exports rebuild."""
+    from keras_skipinit import preprocessing, run_dir
+
+    root = write_folder(tmp_path / "f", per_class=(20, 4))
+    dataset = data_lib.load(str(root), preprocessing_choice="mean_std", validation_examples=12)
+    images = dataset.train[0].astype(np.float64)
+    assert dataset.preprocessing == preprocessing.stats_name((images.mean(),), (images.std(),))
+    x = dataset.test[0][:4]
+    np.testing.assert_allclose(preprocessing.get(dataset.preprocessing).numpy(x),
+                               (x - images.mean()) / images.std(), rtol=1e-4, atol=1e-4)
+    config = training.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, steps_per_epoch=2,
+                             batch_size=8, model_dir=str(tmp_path / "run"), verbose=0)
+    training.train(config)
+    recorded = run_dir.read_spec(str(tmp_path / "run"))["preprocessing"]
+    assert recorded.startswith("mean_std(") and preprocessing.get(recorded).name == recorded
+    assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
