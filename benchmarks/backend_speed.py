@@ -1,7 +1,7 @@
 """Training img/s on JAX against TensorFlow (issue 20, part 5).
 
 The model, optimizer, L2 and metrics exactly as `train.py` compiles them
-(`training.compiled_model`: on JAX every step is XLA-compiled, on
+(`run_model.compiled_model`: on JAX every step is XLA-compiled, on
 TensorFlow XLA is the --xla opt-in, measured both ways), one fixed batch of
 random images, steady-state `train_on_batch` steps after a warm-up. The
 backend is fixed per process, so each (model, backend) runs in a process of
@@ -40,13 +40,13 @@ def measure(model_name, xla, warmup, steps):
     import keras
     import numpy as np
 
-    from keras_skipinit import training
+    from keras_skipinit import run_model, training
 
     overrides, shape, classes, batch = MODELS[model_name]
     keras.utils.set_random_seed(0)
     config = training.Config(**overrides, batch_size=batch, xla=xla, epochs=10)
     dataset = type("Data", (), dict(input_shape=shape, num_classes=classes))
-    model = training.compiled_model(config, dataset, steps_per_epoch=100)
+    model = run_model.compiled_model(config, dataset, steps_per_epoch=100)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *shape)).astype("float32")
     y = np.eye(classes, dtype="float32")[rng.integers(0, classes, batch)]

@@ -3,7 +3,7 @@ preset (issue 35), measured before the sweep is planned.
 
 Each cell trains with the exact training.Config the sweep gives its runs
 (`sweep.runner.config`: micro-batch, accumulation steps, ghost batch size,
-precision), through the real input pipeline and `training.compiled_model`,
+precision), through the real input pipeline and `run_model.compiled_model`,
 in a fresh process, timed over steady-state micro-steps; cells interleaved
 over rounds, medians reported. An epoch's seconds = training images / img/s
 (the evaluation of the held-out images is measured once, at the end).
@@ -27,7 +27,7 @@ def measure(preset_argv, key, batch, warmup, steps):
     """In this process: seconds per micro-step and per evaluated image."""
     import keras
 
-    from keras_skipinit import data as data_lib, pipelines, training
+    from keras_skipinit import data as data_lib, pipelines, run_model, training
     from keras_skipinit.sweep import cli, protocol, runner
 
     settings = cli.parse_args(preset_argv)
@@ -36,7 +36,7 @@ def measure(preset_argv, key, batch, warmup, steps):
     keras.config.set_dtype_policy(training.PRECISIONS[config.mixed_precision])
     dataset = data_lib.load(config.dataset, validation_examples=config.validation_examples)
     micro = config.batch_size // config.accumulation_steps
-    model = training.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)
+    model = run_model.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)
     stamps = {}
 
     class Clock(keras.callbacks.Callback):

@@ -3,7 +3,7 @@
 WRN-n-1 on Fashion-MNIST (28x28x1) at batch 128 (--batch_size), through the real input
 pipeline (`pipelines.train_pipeline`: augmentation on tf.data) and the model,
 optimizer, L2 and metrics exactly as `train.py` compiles them
-(`training.compiled_model`), timed with Keras' `fit` over steady-state
+(`run_model.compiled_model`), timed with Keras' `fit` over steady-state
 steps. Each setting runs in a fresh process (the dtype policy and thread
 pools are per process); the settings are interleaved round by round and
 the median per setting reported, as ratios to float32 in the same run.
@@ -38,14 +38,14 @@ def measure(depth, normalization, precision, xla, warmup, steps, batch_size=128)
     """In this process: seconds per training step after `warmup` steps."""
     import keras
 
-    from keras_skipinit import data as data_lib, pipelines, training
+    from keras_skipinit import data as data_lib, pipelines, run_model, training
 
     config = training.Config(depth=depth, width=1, normalization=normalization, batch_size=batch_size,
                              mixed_precision=precision, xla=xla, dataset="fashion_mnist", epochs=10)
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(training.PRECISIONS[precision])
     dataset = data_lib.load(config.dataset)
-    model = training.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)
+    model = run_model.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)
     stamps = {}
 
     class Clock(keras.callbacks.Callback):

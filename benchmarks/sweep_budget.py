@@ -16,7 +16,8 @@ import time
 import _common
 import keras
 
-from keras_skipinit import data, pipelines, training
+from keras_skipinit import data, pipelines, run_model, training
+from keras_skipinit.optimizers import ScalarLRSGD
 
 
 def measure(depth, args, dataset):
@@ -24,10 +25,10 @@ def measure(depth, args, dataset):
     config = training.Config(depth=depth, width=args.width, normalization=args.normalization, batch_size=args.batch_size,
                              bn_momentum=0.9 if args.normalization == "batchnorm" else None)
     start = time.perf_counter()
-    model = training.build_model(config, dataset)
+    model = run_model.build_model(config, dataset)
     build = time.perf_counter() - start
-    training.add_l2(model, config.l2)
-    model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.01, momentum=0.9),
+    run_model.add_l2(model, config.l2)
+    model.compile(optimizer=ScalarLRSGD(learning_rate=0.01, momentum=0.9),
                   loss=keras.losses.CategoricalCrossentropy(), metrics=[keras.metrics.CategoricalAccuracy()])
     batches = iter(pipelines.train_pipeline(dataset, args.batch_size, epoch=0))
     x, y = next(batches)

@@ -246,7 +246,7 @@ def _mirrored(devices):
     restarts the collective instance keys that the first one's all-reduces
     already used in this process, and the next all-reduce of a different size
     aborts ("Shape mismatch in the collective instance 100",
-    tensorflow/tensorflow#62790): two runs in one process (the sweep runner,
+    https://github.com/tensorflow/tensorflow/issues/62790): two runs in one process (the sweep runner,
     a notebook, the tests) must share the strategy."""
     import tensorflow as tf
 
@@ -289,7 +289,7 @@ def num_workers(strategy):
 
 def prepare_model(model, strategy):
     """What `fit` needs beyond `compile`: under MultiWorkerMirroredStrategy,
-    Keras 3's fit/evaluate fail in two places (keras-team/keras#20585):
+    Keras 3's fit/evaluate fail in two places (https://github.com/keras-team/keras/issues/20585):
 
     1. `_maybe_symbolic_build` eagerly all-reduces a distributed input batch
        to build the model, which fails across workers. A model that pins no

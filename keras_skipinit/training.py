@@ -31,10 +31,10 @@ import time
 import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, files, finetune, lsuv, machine, memory, pipelines
-from keras_skipinit import normalization as norm_lib, run_dir, schedules, spec
+from keras_skipinit import normalization as norm_lib, run_dir, spec
+from keras_skipinit.run_model import build_note, compiled_model, method_options, model_args
 from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.checkpoint import Checkpoint
-from keras_skipinit.optimizers import ScalarLRSGD
 
 MODELS = applications.MODELS  # train.py --model
 PRECISIONS, STRATEGIES = spec.PRECISIONS, spec.STRATEGIES
@@ -68,94 +68,6 @@ def validate(config):
     finetune.check(c)
     if data_lib.image_folder.looks_like_folder(c.dataset):
         data_lib.image_folder.layout(c.dataset)  # a folder's layout, before the model_dir is touched
-
-
-def method_options(config):
-    """The method's options (`normalization.OPTIONS`) as the config sets them."""
-    return {name: getattr(config, name) for name in norm_lib.OPTIONS}
-
-
-def scalar_lr(config):
-    """The learning-rate multiplier of scalar parameters: the flag, else the
-    method's (`normalization.Method.scalar_lr`: 0.1 for Fixup, 1 otherwise)."""
-    if config.scalar_lr_multiplier is not None:
-        return config.scalar_lr_multiplier
-    return norm_lib.METHODS[config.normalization].scalar_lr
-
-
-def model_args(config, dataset):
-    """The model's constructor arguments (`applications.create_model`), as
-    recorded in model_spec.json."""
-    args = dict(
-        model=config.model,
-        depth=config.depth,
-        input_shape=list(dataset.input_shape),
-        classes=dataset.num_classes,
-        normalization=config.normalization,
-        **{name: value for name, value in method_options(config).items() if value is not None},
-        dropout=config.dropout,
-        seed=config.seed,
-    )
-    if config.loop_blocks or config.remat:  # absent from specs written before the looped form
-        args.update(loop_blocks=config.loop_blocks, remat=config.remat)
-    arch = applications.architecture(config.model)
-    if arch.takes_width:
-        args["width"] = config.width
-    for name in arch.options:  # absent from specs written before the option existed
-        if getattr(config, name) is not None:
-            args[name] = getattr(config, name)
-    return args
-
-
-def build_model(config, dataset):
-    return applications.create_model(**model_args(config, dataset))
-
-
-def build_note(config):
-    """One line before a build that is silent for minutes on a CPU (an
-    unrolled net of 500+ layers; benchmarks/depth_scaling.py), or None."""
-    if config.loop_blocks or config.depth < 500:
-        return None
-    name = applications.registry.title(config.model, config.depth, config.width)
-    return (f"Building {name} unrolled ({config.depth} layers): minutes before its first step on a CPU; "
-            "--loop_blocks builds the same network in seconds (one loop per stage).")
-
-
-def compiled_model(config, dataset, steps_per_epoch):
-    """The model with the papers' optimizer, L2 and metrics, compiled as
-    `train` runs it (also what benchmarks/ time)."""
-    model = build_model(config, dataset)
-    if config.freeze_backbone:
-        finetune.freeze_backbone(model)
-    add_l2(model, config.l2)
-    optimizer = ScalarLRSGD(
-        scalar_lr_multiplier=scalar_lr(config),
-        learning_rate=schedules.PaperSchedule(config.schedule, config.learning_rate, steps_per_epoch, config.epochs),
-        momentum=config.momentum,
-        gradient_accumulation_steps=config.accumulation_steps if config.accumulation_steps > 1 else None,
-    )
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.CategoricalCrossentropy(),
-        weighted_metrics=[  # = metrics without sample weights; weighted: the padding of pipelines.eval_pipeline
-            keras.metrics.CategoricalCrossentropy(name="cross_entropy"),
-            keras.metrics.CategoricalAccuracy(name="top1"),
-            keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
-        ],
-        jit_compile=distribute.jit_compile(config.xla),
-    )
-    return model
-
-
-def add_l2(model, coefficient):
-    """L2 on the loss (SkipInit §2.3): coefficient * sum(w^2) over conv and
-    dense kernels (not biases, BN parameters or scalars)."""
-    if coefficient <= 0:
-        return
-    regularizer = keras.regularizers.L2(coefficient)
-    for variable in model.trainable_weights:
-        if variable.path.endswith("kernel"):
-            variable.regularizer = regularizer
 
 
 def train(config):
@@ -201,132 +113,189 @@ def _seed_and_precision(config):
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
 
 
-def _train(config, strategy, out_dir, start, interrupt):
-    """The run itself; writes go to `out_dir` (model_dir, or a non-chief
-    worker's scratch directory), checkpoints are read from model_dir."""
-    model_dir, chief = config.model_dir, distribute.is_chief(strategy)
+@dataclasses.dataclass
+class _Run:
+    """One process's run, handed from step to step of `_train`: the
+    settings, then what each step sets up."""
 
-    dataset = data_lib.load_for(config)
+    config: Config
+    strategy: object
+    out_dir: str  # where this process writes: model_dir, or a non-chief worker's scratch directory
+    start: float
+    interrupt: Interrupt
+    chief: bool
+    dataset: object = None
+    micro_batch: int = 0  # examples per micro-step (gradient accumulation: SkipInit §3)
+    micro_steps: int = 0  # micro-steps per epoch
+    model: object = None
+    checkpoint: Checkpoint = None
+    epoch: int = 0  # epochs done
+    skip: int = 0  # micro-steps of the next epoch done
+    restored: str = None  # the checkpoint resumed from
+    rows: list = None  # history.csv's rows so far
+    partial_logs: dict = None  # the metrics of a resumed epoch's steps before the checkpoint
+    earlier_s: float = 0.0  # the time of the processes before this one
+    feed: str = "tf.data"
+    backends: list = None
+
+    def save(self, epoch, step, partial_logs=None):
+        self.checkpoint.save(self.model, epoch, step, history=self.rows, partial_logs=partial_logs,
+                             wall_time_s=self.earlier_s + time.time() - self.start, feed=self.feed)
+
+
+def _train(config, strategy, out_dir, start, interrupt):
+    """The run itself: its data, its model (built, or restored from
+    model_dir's checkpoint), its records carried on, the epoch loop, the
+    results. Returns results.json's record, or `_interrupted`'s."""
+    run = _Run(config, strategy, out_dir, start, interrupt, chief=distribute.is_chief(strategy))
+    _set_up_data(run)
+    _build_or_restore(run)
+    _carry_records(run)
+    eval_ds, eval_steps = _eval_data(run)
+    stopped, diverged, final_eval = _epoch_loop(run, eval_ds, eval_steps)
+    return stopped or _finish(run, diverged, final_eval, eval_ds, eval_steps)
+
+
+def _set_up_data(run):
+    config, strategy = run.config, run.strategy
+    run.dataset = dataset = data_lib.load_for(config)
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)
+    run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
     replicas = strategy.num_replicas_in_sync
-    micro_batch = config.batch_size // config.accumulation_steps
-    if micro_batch % replicas:
+    run.micro_batch = config.batch_size // config.accumulation_steps
+    if run.micro_batch % replicas:
         raise ValueError(
-            f"batch_size / accumulation_steps ({micro_batch}) must be divisible by the {replicas} replicas"
+            f"batch_size / accumulation_steps ({run.micro_batch}) must be divisible by the {replicas} replicas"
         )
     if config.batch_size > dataset.num_train:  # also with --steps_per_epoch (it repeats the data, not the batch)
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
-    steps_per_epoch = config.steps_per_epoch or dataset.num_train // config.batch_size
     pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
-    micro_steps = steps_per_epoch * config.accumulation_steps
+    run.micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
 
+
+def _build_or_restore(run):
+    """The compiled model, in the strategy's scope: from --init_from or LSUV
+    on a first start, else from model_dir's newest checkpoint."""
+    config, strategy, dataset, chief = run.config, run.strategy, run.dataset, run.chief
     note = build_note(config)
     if note and chief:
         print(note, flush=True)
     with strategy.scope():
-        model = compiled_model(config, dataset, steps_per_epoch)
-        _note_ghost_batches(model, distribute.model_batch(strategy, micro_batch), chief)
-        for warning in (memory.check_memory(model, micro_batch // replicas, config.ignore_memory_check),
+        run.model = model = compiled_model(config, dataset, run.micro_steps // config.accumulation_steps)
+        _note_ghost_batches(model, distribute.model_batch(strategy, run.micro_batch), chief)
+        for warning in (memory.check_memory(model, run.micro_batch // strategy.num_replicas_in_sync,
+                                            config.ignore_memory_check),
                         machine.bfloat16_warning(config.mixed_precision, distribute.on_gpu())):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
-        checkpoint = Checkpoint(
-            os.path.join(model_dir, run_dir.CHECKPOINTS), os.path.join(out_dir, run_dir.CHECKPOINTS)
-        )
-        if config.init_from and not checkpoint.all():  # a resumed run continues from its own checkpoint
+        run.checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
+                                    os.path.join(run.out_dir, run_dir.CHECKPOINTS))
+        if config.init_from and not run.checkpoint.all():  # a resumed run continues from its own checkpoint
             started = finetune.load_into(model, config.init_from, lambda classes: applications.create_model(
                 **{**model_args(config, dataset), "classes": classes}))
             if chief:
                 print(started, flush=True)
-        if config.lsuv and not checkpoint.all():
-            images, _ = pipelines.first_batch(pipelines.train_pipeline(dataset, micro_batch, 0, config.seed))
+        if config.lsuv and not run.checkpoint.all():
+            images, _ = pipelines.first_batch(pipelines.train_pipeline(dataset, run.micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
-        (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables: in scope
-    # The run's history rows, its partial epoch's metrics and its time so far travel in every checkpoint:
-    # history.csv is rebuilt from the one resumed from (a kill between a checkpoint and its row loses nothing).
-    state = Checkpoint.read_state(restored) if restored else {}
-    feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
-    if skip and state.get("feed", feed) != feed:
+        (run.epoch, run.skip), run.restored = run.checkpoint.restore(model)  # builds the optimizer's variables
+
+
+def _carry_records(run):
+    """The run's history rows, its partial epoch's metrics and its time so
+    far travel in every checkpoint: history.csv is rebuilt from the one
+    resumed from (a kill between a checkpoint and its row loses nothing)."""
+    config, out_dir = run.config, run.out_dir
+    state = Checkpoint.read_state(run.restored) if run.restored else {}
+    if run.skip and state.get("feed", run.feed) != run.feed:
         raise ValueError(
-            f"{restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
-            f"{distribute.backend()} here feeds by {feed}, which orders the epoch's examples otherwise, so the "
+            f"{run.restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
+            f"{distribute.backend()} here feeds by {run.feed}, which orders the epoch's examples otherwise, so the "
             "epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
             "a checkpoint at an epoch's end resumes on either")
-    backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, dataset), dataset,
-                                  distribute.backend())
-    rows = state.get("history")
-    if rows is None:  # a checkpoint from before the rows travelled with it, or none
-        rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= epoch]
-    if rows or os.path.exists(os.path.join(out_dir, run_dir.HISTORY)):
-        run_dir.write_history(out_dir, rows)
-    partial_logs = state.get("partial_logs") if skip else None
-    earlier_s = state.get("wall_time_s", 0.0)  # the time of the processes before this one
-
-    def save(epoch, step, partial_logs=None):
-        checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
-                        wall_time_s=earlier_s + time.time() - start, feed=feed)
-
-    if restored and chief and epoch >= config.epochs:  # killed after its last checkpoint, before results.json
-        print(f"Every epoch was trained ({restored}); evaluating the final weights.", flush=True)
-    elif restored and chief:
-        print(f"Resuming from epoch {epoch + 1}, step {skip} of {micro_steps} ({restored}).", flush=True)
-        earlier = sorted({row["schedule_epochs"] for row in rows if row.get("schedule_epochs", config.epochs)
+    run.backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, run.dataset),
+                                      run.dataset, distribute.backend())
+    run.rows = state.get("history")
+    if run.rows is None:  # a checkpoint from before the rows travelled with it, or none
+        run.rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= run.epoch]
+    if run.rows or os.path.exists(os.path.join(out_dir, run_dir.HISTORY)):
+        run_dir.write_history(out_dir, run.rows)
+    run.partial_logs = state.get("partial_logs") if run.skip else None
+    run.earlier_s = state.get("wall_time_s", 0.0)
+    if run.restored and run.chief and run.epoch >= config.epochs:  # killed after its last checkpoint
+        print(f"Every epoch was trained ({run.restored}); evaluating the final weights.", flush=True)
+    elif run.restored and run.chief:
+        print(f"Resuming from epoch {run.epoch + 1}, step {run.skip} of {run.micro_steps} ({run.restored}).",
+              flush=True)
+        earlier = sorted({row["schedule_epochs"] for row in run.rows if row.get("schedule_epochs", config.epochs)
                           != config.epochs})
         if earlier:
             print(f"Note: continuing a run trained on the {'/'.join(map(str, earlier))}-epoch schedule to "
                   f"--epochs={config.epochs}: its epochs so far keep that schedule, so this is a continuation, not "
                   f"a {config.epochs}-epoch run (results.json: schedule_segments).", flush=True)
-    eval_ds = pipelines.eval_pipeline(dataset, micro_batch, whole_batches=distribute.pads_evaluation(strategy))
+
+
+def _eval_data(run):
+    eval_ds = pipelines.eval_pipeline(run.dataset, run.micro_batch,
+                                      whole_batches=distribute.pads_evaluation(run.strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
-    eval_steps = pipelines.num_batches(eval_ds)
+    return eval_ds, pipelines.num_batches(eval_ds)
+
+
+def _epoch_loop(run, eval_ds, eval_steps):
+    """Trains the epochs left; returns (`_interrupted`'s record or None,
+    where it diverged or None, the last epoch's evaluation or None)."""
+    config, model, interrupt, chief = run.config, run.model, run.interrupt, run.chief
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
-    tensorboard = EpochScalars(os.path.join(out_dir, "tensorboard"))
+    tensorboard = EpochScalars(os.path.join(run.out_dir, "tensorboard"))
     diverged, final_eval = None, None
-    while epoch < config.epochs and diverged is None:
+    while run.epoch < config.epochs and diverged is None:
         if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved
-            return _interrupted(interrupt, epoch, skip, micro_steps, chief, checkpointed=bool(restored or epoch))
-        if skip < micro_steps:
-            monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, micro_steps, partial_logs,
-                                      interrupt)
-            train_ds = pipelines.train_pipeline(
-                dataset, micro_batch, epoch, config.seed, config.mixup_alpha, skip, num_batches=micro_steps
-            )
+            return _interrupted(interrupt, run.epoch, run.skip, run.micro_steps, chief,
+                                checkpointed=bool(run.restored or run.epoch)), None, None
+        if run.skip < run.micro_steps:
+            monitor = TrainingMonitor(run.save, run.epoch, run.skip, config.checkpoint_steps, run.micro_steps,
+                                      run.partial_logs, interrupt)
+            train_ds = pipelines.train_pipeline(run.dataset, run.micro_batch, run.epoch, config.seed,
+                                                config.mixup_alpha, run.skip, num_batches=run.micro_steps)
             try:
-                with strategy.scope():  # multi-worker: the model pins no strategy
+                with run.strategy.scope():  # multi-worker: the model pins no strategy
                     history = model.fit(
-                        train_ds,
-                        initial_epoch=epoch,
-                        epochs=epoch + 1,
-                        steps_per_epoch=micro_steps - skip,
-                        validation_data=eval_ds,
+                        train_ds, initial_epoch=run.epoch, epochs=run.epoch + 1,
+                        steps_per_epoch=run.micro_steps - run.skip, validation_data=eval_ds,
                         validation_steps=eval_steps,
-                        callbacks=[monitor, tensorboard,
-                                   EpochProgress(config.epochs, skip, micro_steps, dataset.eval_split)],
+                        callbacks=[monitor, tensorboard, EpochProgress(config.epochs, run.skip, run.micro_steps,
+                                                                       run.dataset.eval_split)],
                         shuffle=False,  # the pipeline shuffles, seeded per epoch
                         verbose=verbose,
                     )
             except Stopped:  # a signal: TrainingMonitor checkpointed the step it reached
-                return _interrupted(interrupt, epoch, monitor.step, micro_steps, chief)
+                return _interrupted(interrupt, run.epoch, monitor.step, run.micro_steps, chief), None, None
             diverged = monitor.diverged
             if diverged:
                 break
             logs = {k: v[-1] for k, v in history.history.items()}
         else:  # a checkpoint at the epoch's last step (written by older versions): its updates are done
-            with strategy.scope():
+            with run.strategy.scope():
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
-                logs = {**(partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
-        epoch, skip, partial_logs = epoch + 1, 0, None
-        rows.append({"epoch": epoch, "lr": float(model.optimizer.learning_rate), "schedule_epochs": config.epochs,
-                     **logs})
-        save(epoch, 0)
-        run_dir.write_history(out_dir, rows)
+                logs = {**(run.partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
+        run.epoch, run.skip, run.partial_logs = run.epoch + 1, 0, None
+        run.rows.append({"epoch": run.epoch, "lr": float(model.optimizer.learning_rate),
+                         "schedule_epochs": config.epochs, **logs})
+        run.save(run.epoch, 0)
+        run_dir.write_history(run.out_dir, run.rows)
         # The validation at the end of the last epoch saw the final weights.
         final_eval = {k[len("val_"):]: v for k, v in logs.items() if k.startswith("val_")}
+    return None, diverged, final_eval
 
+
+def _finish(run, diverged, final_eval, eval_ds, eval_steps):
+    """results.json (and model.keras unless it diverged); the record."""
+    model, rows = run.model, run.rows
     if diverged:
         print(
             f"Training diverged: non-finite loss ({diverged['loss']}) at epoch {diverged['epoch'] + 1}, "
@@ -337,22 +306,23 @@ def _train(config, strategy, out_dir, start, interrupt):
     elif final_eval:
         metrics = final_eval
     else:  # every epoch was trained before this process (e.g. killed before results.json)
-        with strategy.scope():
+        with run.strategy.scope():
             metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
     results = run_dir.results_record(
-        dataclasses.asdict(config), dataset, metrics, diverged,
+        dataclasses.asdict(run.config), run.dataset, metrics, diverged,
         train_cross_entropy=rows[-1].get("cross_entropy") if rows and not diverged else None,
         schedule_segments=schedule_segments(rows),
         final_lr=float(model.optimizer.learning_rate),  # evaluates the schedule at the current step
-        epochs_completed=epoch, replicas=replicas, workers=distribute.num_workers(strategy), chief=chief,
-        wall_time_s=earlier_s + time.time() - start,  # every process of the run, up to its checkpoint
+        epochs_completed=run.epoch, replicas=run.strategy.num_replicas_in_sync,
+        workers=distribute.num_workers(run.strategy), chief=run.chief,
+        wall_time_s=run.earlier_s + time.time() - run.start,  # every process of the run, up to its checkpoint
         backend=distribute.backend(),  # the one that finished the run
-        backends=backends)  # every one it used
+        backends=run.backends)  # every one it used
     if not diverged:
-        run_dir.save_model(model, os.path.join(out_dir, run_dir.MODEL), dataset.preprocessing)
-    files.write_json(os.path.join(out_dir, run_dir.RESULTS), results)
-    if interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
-        return {**results, "signal": interrupt.signal}
+        run_dir.save_model(model, os.path.join(run.out_dir, run_dir.MODEL), run.dataset.preprocessing)
+    files.write_json(os.path.join(run.out_dir, run_dir.RESULTS), results)
+    if run.interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
+        return {**results, "signal": run.interrupt.signal}
     return results
 
 

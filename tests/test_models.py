@@ -56,14 +56,14 @@ def test_a_method_is_one_record(monkeypatch, tmp_path):
     """A method added by one `normalization.METHODS` record (and its layer),
     touching no other module, passes the guarantees above and reaches
     training's rules: the design of normalization.py, proved."""
-    from keras_skipinit import training
+    from keras_skipinit import run_model, training
 
     toy = norm_lib.Method("Layer normalization", "a test", norm=lambda recipe, name: keras.layers.LayerNormalization(
         epsilon=1e-5, name=name), normalizes=True, scalar_lr=0.5)
     monkeypatch.setitem(norm_lib.METHODS, "layernorm", toy)
     model = _builds_trains_round_trips_and_folds("cifar_resnet8", "layernorm", tmp_path)  # the smallest family
     assert [layer for layer in model.layers if isinstance(layer, keras.layers.LayerNormalization)]
-    assert training.scalar_lr(training.Config(normalization="layernorm")) == 0.5
+    assert run_model.scalar_lr(training.Config(normalization="layernorm")) == 0.5
     with pytest.raises(ValueError, match="lsuv initializes networks without normalization"):
         training.validate(training.Config(normalization="layernorm", lsuv=True, model_dir=str(tmp_path / "run")))
 

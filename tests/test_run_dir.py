@@ -18,6 +18,7 @@ from conftest import run_cli_cases, train_py_in_process
 from keras_skipinit import _startup, applications as apps, files, run_dir, serving, training
 from keras_skipinit.normalization import NORMALIZATIONS
 from keras_skipinit.checkpoint import Checkpoint, random_state
+from keras_skipinit.optimizers import ScalarLRSGD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = ["--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=2", "--verbose=0"]
@@ -29,7 +30,7 @@ def error_lines(stderr):
 
 def small_model(seed):
     model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization="skipinit", seed=seed)
-    model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse")
+    model.compile(optimizer=ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse")
     model.optimizer.build(model.trainable_variables)
     return model
 
@@ -62,7 +63,7 @@ def test_a_checkpoint_restores_every_variable_of_every_method(tmp_path, normaliz
         model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization=normalization, seed=seed,
                                 **({"ghost_batch_size": 2} if normalization == "ghost_batchnorm" else {}))
         # Eager steps: the same state changes without tracing a step per method (~5 s each on 2 cores).
-        model.compile(optimizer=training.ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse", run_eagerly=True)
+        model.compile(optimizer=ScalarLRSGD(learning_rate=0.1, momentum=0.9), loss="mse", run_eagerly=True)
         return model
 
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype("float32")

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
 from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, pipelines, run_dir, schedules
-from keras_skipinit import training
+from keras_skipinit import run_model, training
 from keras_skipinit.checkpoint import Checkpoint
+from keras_skipinit.optimizers import ScalarLRSGD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(depth=10, width=1, verbose=0)
@@ -33,7 +34,7 @@ def final_weights(model_dir):
 
 def test_l2_term_is_coefficient_times_sum_of_squared_kernels():
     model = apps.WideResNet(10, 1, normalization="regularized_skipinit", alpha_init="one")
-    training.add_l2(model, 5e-4)
+    run_model.add_l2(model, 5e-4)
     kernels = [keras.ops.convert_to_numpy(w) for w in model.weights if w.path.endswith("kernel")]
     assert len(kernels) == 1 + 3 * 2 + 2 + 1  # stem, 2 per block, 2 projections, classifier
     expected = 5e-4 * sum(float(np.sum(k.astype(np.float64) ** 2)) for k in kernels)
@@ -45,10 +46,10 @@ def test_l2_term_is_coefficient_times_sum_of_squared_kernels():
 
 def test_a_long_silent_build_is_announced_in_one_line():
     """Issue 46.10: an unrolled 1,000-layer net built for minutes without a word."""
-    note = training.build_note(training.Config(depth=1000))
+    note = run_model.build_note(training.Config(depth=1000))
     assert note.startswith("Building WRN-1000-1 unrolled") and "--loop_blocks" in note
-    assert training.build_note(training.Config(depth=1000, loop_blocks=True)) is None
-    assert training.build_note(training.Config(depth=100)) is None
+    assert run_model.build_note(training.Config(depth=1000, loop_blocks=True)) is None
+    assert run_model.build_note(training.Config(depth=100)) is None
 
 
 def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
@@ -59,7 +60,7 @@ def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
 
     s1, v1 = make()
     s2, v2 = make()
-    opt1 = training.ScalarLRSGD(scalar_lr_multiplier=0.1, learning_rate=0.5, momentum=0.9)
+    opt1 = ScalarLRSGD(scalar_lr_multiplier=0.1, learning_rate=0.5, momentum=0.9)
     opt2 = keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
     opt3 = keras.optimizers.SGD(learning_rate=0.5, momentum=0.9)
     _, v3 = make()
@@ -71,14 +72,14 @@ def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
     to_np = keras.ops.convert_to_numpy
     assert float(to_np(s1)) == pytest.approx(float(to_np(s2)), rel=1e-6)
     np.testing.assert_allclose(to_np(v1), to_np(v3), rtol=1e-6)
-    assert training.ScalarLRSGD.from_config(opt1.get_config()).scalar_lr_multiplier == 0.1
+    assert ScalarLRSGD.from_config(opt1.get_config()).scalar_lr_multiplier == 0.1
 
 
 def test_fixup_scalars_learn_10x_slower_by_default():
     """Fixup's reference code trains multipliers and biases at lr / 10."""
-    assert training.scalar_lr(training.Config(normalization="fixup")) == 0.1
-    assert training.scalar_lr(training.Config(normalization="fixup", scalar_lr_multiplier=1.0)) == 1.0
-    assert training.scalar_lr(training.Config(normalization="skipinit")) == 1.0
+    assert run_model.scalar_lr(training.Config(normalization="fixup")) == 0.1
+    assert run_model.scalar_lr(training.Config(normalization="fixup", scalar_lr_multiplier=1.0)) == 1.0
+    assert run_model.scalar_lr(training.Config(normalization="skipinit")) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -136,7 +137,7 @@ def test_schedule_follows_updates_not_micro_batches(kind):
     of plain SGD with gradient 1, w = -sum_u lr(u) (SkipInit §3)."""
     steps_per_epoch, epochs, accumulation = 5, 4, 3
     schedule = schedules.PaperSchedule(kind, 0.5, steps_per_epoch, epochs)
-    optimizer = training.ScalarLRSGD(learning_rate=schedule, momentum=0.0, gradient_accumulation_steps=accumulation)
+    optimizer = ScalarLRSGD(learning_rate=schedule, momentum=0.0, gradient_accumulation_steps=accumulation)
     w = keras.Variable(np.zeros(1, "float32"))
     optimizer.build([w])
     updates = steps_per_epoch * epochs
@@ -305,7 +306,7 @@ def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_block
     assert (one["replicas"], two["replicas"]) == (1, 2)
     assert one["backend"] == two["backend"] == BACKEND
     moved = 0
-    fresh = training.build_model(training.Config(**{**SMALL, **common}), data_lib.load(data_lib.EMBEDDED))
+    fresh = run_model.build_model(training.Config(**{**SMALL, **common}), data_lib.load(data_lib.EMBEDDED))
     initial = [keras.ops.convert_to_numpy(w) for w in fresh.weights]  # the same seed: the runs' initialization
     for a, b, w0 in zip(final_weights(tmp_path / "one" / "run"), final_weights(tmp_path / "two" / "run"), initial):
         np.testing.assert_allclose(a, b, atol=5e-5)
