@@ -1,7 +1,8 @@
 """The papers' training protocol (SkipInit §2.3, §3, §5; Fixup §4).
 
-Reads top to bottom: config -> strategy -> data -> model -> optimizer ->
-epoch loop (checkpoint, divergence check, history) -> evaluation -> results.
+Reads top to bottom: config -> strategy -> data -> model (built and compiled
+in `run_model`) -> epoch loop (checkpoint, divergence check, history) ->
+evaluation -> results.
 
 - SGD with heavy-ball momentum 0.9; L2 (5e-4) added to the loss on conv and
   dense kernels, reported separately (`cross_entropy` is the loss without it).
