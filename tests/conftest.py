@@ -8,7 +8,6 @@ initializes its runtime, so this runs when the test session starts
 (pytest_configure), before any test module is imported.
 """
 
-import contextlib
 import os
 
 import pytest
@@ -16,22 +15,20 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-@contextlib.contextmanager
 def _stderr_to_devnull():
     """TensorFlow 2.21 writes start-up lines from C++ (absl, before
     TF_CPP_MIN_LOG_LEVEL applies) to file descriptor 2 on import. Under
     pytest-xdist the controller's copy is released after the summary, so
-    the run would not end on pytest's closing line: keep them out. (Not
-    `_startup.filtered_stderr`: importing the package imports Keras, whose
-    start-up this must enclose.)"""
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    the run would not end on pytest's closing line: keep them out, with the
+    package's own capture (`_startup.filtered_stderr`, every line dropped),
+    loaded from its file: importing the package would import Keras first."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "_startup.py")
+    spec = importlib.util.spec_from_file_location("_keras_skipinit_startup", path)
+    startup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(startup)
+    return startup.filtered_stderr(lambda line: True)
 
 
 # Set by pytest_configure in every process that runs tests (not in pytest-xdist's
