@@ -60,26 +60,27 @@ class Architecture:
     check_depth: object  # raises ValueError for a depth it does not take
     takes_width: bool = False  # a widening factor (WRN's k)
     options: tuple = ()  # constructor arguments only this architecture has (train.py flags of the same name)
-    names: tuple = ()  # the registered model names `list_models` lists
+    name_format: str = ""  # its models' names, "wrn_{depth}_{width}": what `create_model(name)` parses
+    names: tuple = ()  # the registered model names `list_models` lists (in `name_format`)
     version: tuple = ()  # the constructor's arguments after the depth (ResNet's version)
 
 
 ARCHITECTURES = {
     "wrn": Architecture(
         "Wide-ResNet", "WRN-{depth}-{width}", "wide_resnet:WideResNet", (32, 32, 3), True,
-        "6k+4 (10, 16, 22, 28, ..., 1000)", wrn_blocks_per_group, takes_width=True,
+        "6k+4 (10, 16, 22, 28, ..., 1000)", wrn_blocks_per_group, takes_width=True, name_format="wrn_{depth}_{width}",
         names=tuple(f"wrn_{d}_{k}" for d, k in ((16, 1), (16, 2), (16, 4), (16, 8), (28, 10), (40, 4), (100, 1),
                                                   (100, 2), (1000, 1)))),
     "resnet_v1": Architecture(
         "ResNet V1", "ResNet-{depth} V1", "resnet:ResNet", (224, 224, 3), False, "50, 101, 152", resnet_blocks, version=(1,),
-        names=tuple(f"resnet{d}_v1" for d in RESNET_BLOCKS)),
+        name_format="resnet{depth}_v1", names=tuple(f"resnet{d}_v1" for d in RESNET_BLOCKS)),
     "resnet_v2": Architecture(
         "ResNet V2", "ResNet-{depth} V2", "resnet:ResNet", (224, 224, 3), True, "50, 101, 152", resnet_blocks, version=(2,),
-        names=tuple(f"resnet{d}_v2" for d in RESNET_BLOCKS)),
+        name_format="resnet{depth}_v2", names=tuple(f"resnet{d}_v2" for d in RESNET_BLOCKS)),
     "cifar_resnet": Architecture(
         "CIFAR ResNet", "ResNet-{depth} (CIFAR)", "cifar_resnet:CifarResNet", (32, 32, 3), False,
         "6n+2 (8, 20, 32, 44, 56, 110, 1202)", cifar_blocks_per_stage, options=("shortcut", "stem_init"),
-        names=tuple(f"cifar_resnet{d}" for d in (20, 32, 44, 56, 110, 1202))),
+        name_format="cifar_resnet{depth}", names=tuple(f"cifar_resnet{d}" for d in (20, 32, 44, 56, 110, 1202))),
 }
 MODELS = tuple(ARCHITECTURES)
 

@@ -192,6 +192,10 @@ def test_pyramid_outputs_are_the_stage_outputs_of_the_full_model(name):
 def test_the_registry_lists_and_creates_every_family():
     names = apps.list_models()
     assert {apps.registry.parse_name(n)[0] for n in names} == set(apps.MODELS)
+    # Names are parsed by each entry's name_format: every listed name names its own family.
+    assert all(apps.registry.parse_name(n)[0] == m for m, arch in apps.ARCHITECTURES.items() for n in arch.names)
+    with pytest.raises(ValueError, match="unknown model name 'vgg16': wrn_{depth}_{width}, resnet{depth}_v1"):
+        apps.create_model("vgg16")
     assert apps.list_models("*_v2") == ["resnet50_v2", "resnet101_v2", "resnet152_v2"]
     assert "wrn_16_4" in names and "cifar_resnet110" in names
     # Any valid member of a family, listed or not; parameter counts as the constructors give them.

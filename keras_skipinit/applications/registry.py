@@ -25,11 +25,13 @@ from keras_skipinit.spec import ARCHITECTURES, MODELS, Architecture, architectur
 __all__ = ["ARCHITECTURES", "MODELS", "Architecture", "architecture", "build", "check_options", "create_model",
            "list_models", "parse_name", "title"]
 
-_PATTERNS = (
-    (re.compile(r"resnet(\d+)_v([12])"), lambda m: (f"resnet_v{m[2]}", int(m[1]), None)),
-    (re.compile(r"wrn_(\d+)_(\d+)"), lambda m: ("wrn", int(m[1]), int(m[2]))),
-    (re.compile(r"cifar_resnet(\d+)"), lambda m: ("cifar_resnet", int(m[1]), None)),
-)
+def _pattern(name_format):
+    """A regex of an `Architecture.name_format`: {depth} and {width} as named digit groups."""
+    parts = re.split(r"(\{depth\}|\{width\})", name_format)
+    return re.compile("".join(f"(?P<{p[1:-1]}>\\d+)" if p in ("{depth}", "{width}") else re.escape(p) for p in parts))
+
+
+_PATTERNS = {model: _pattern(arch.name_format) for model, arch in ARCHITECTURES.items() if arch.name_format}
 
 
 def check_options(model, **options):
@@ -56,16 +58,17 @@ def build(model, depth, width=None, **kwargs):
 
 def parse_name(name):
     """(model, depth, width) of a model name, e.g. 'wrn_16_4' -> ('wrn', 16, 4)."""
-    for pattern, parts in _PATTERNS:
+    for model, pattern in _PATTERNS.items():
         match = pattern.fullmatch(name) if isinstance(name, str) else None
         if match:
-            model, depth, width = parts(match)
+            depth, width = int(match["depth"]), int(match["width"]) if "width" in pattern.groupindex else None
             ARCHITECTURES[model].check_depth(depth)
             if width is not None and width < 1:
                 raise ValueError(f"{name}: the width must be a positive int")
             return model, depth, width
-    raise ValueError(f"unknown model name {name!r}: resnet<50|101|152>_v<1|2>, wrn_<depth>_<width> or "
-                     f"cifar_resnet<depth>; e.g. {', '.join(list_models()[:3])}, ... (list_models())")
+    formats = ", ".join(arch.name_format for arch in ARCHITECTURES.values() if arch.name_format)
+    examples = [n for arch in ARCHITECTURES.values() for n in arch.names[:1]]
+    raise ValueError(f"unknown model name {name!r}: {formats}; e.g. {', '.join(examples)}, ... (list_models())")
 
 
 def list_models(pattern="*"):
