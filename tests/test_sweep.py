@@ -83,7 +83,7 @@ def fake_train(calls):
     def train(config):
         calls.append((config.normalization, config.learning_rate, config.seed, config.bn_momentum))
         acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) + 7) + 0.001 * config.seed
-        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
+        return {"status": "completed", "eval_split": "test", "eval_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
                 "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
     return train
 
@@ -129,7 +129,7 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
     def train(config):
         acc = 0.1 if config.depth == 16 and config.seed == 0 else 0.8
         status = "diverged" if config.normalization == "none" else "completed"
-        return {"status": status, "test_top1": None if status == "diverged" else acc, "train_cross_entropy": 0.5,
+        return {"status": status, "eval_split": "test", "eval_top1": None if status == "diverged" else acc, "train_cross_entropy": 0.5,
                 "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
     fake_training(monkeypatch, train)
@@ -155,7 +155,7 @@ def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, mo
         assert (config.l2, config.mixup_alpha, config.preprocessing) == (2.5e-4, 0.0, "mean_std")
         trains = edge is not None and (k <= edge or (k == edge + 1 and config.seed == 0))
         diverged = edge is not None and k > edge + 1
-        return {"status": "diverged" if diverged else "completed", "test_top1": None if diverged else
+        return {"status": "diverged" if diverged else "completed", "eval_split": "test", "eval_top1": None if diverged else
                 (0.8 if trains else 0.1), "train_cross_entropy": 0.5, "wall_time_s": 1.0, "chief": True,
                 "config": dataclasses.asdict(config)}
 
@@ -216,7 +216,7 @@ def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(
         diverged = k > -3
         ce = 1.0 if trains and k < -4.5 else 2.25  # at 2^-4.5 and 2^-4 the loss stays near ln 10
         return {"status": "diverged" if diverged else "completed",
-                "test_top1": None if diverged else (0.6 if trains else 0.1),
+                "eval_split": "test", "eval_top1": None if diverged else (0.6 if trains else 0.1),
                 "train_cross_entropy": None if diverged else ce, "wall_time_s": 1.0, "chief": True,
                 "config": dataclasses.asdict(config)}
 
@@ -244,7 +244,7 @@ def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path,
     one line, before any run."""
     def train(config):  # trains up to 2^-4 at depth 10, up to 2^-6 at depth 22
         ok = math.log2(config.learning_rate) <= (-4 if config.depth == 10 else -6)
-        return {"status": "completed", "test_top1": 0.8 if ok else 0.1, "train_cross_entropy": 0.5,
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.8 if ok else 0.1, "train_cross_entropy": 0.5,
                 "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
     fake_training(monkeypatch, train)
@@ -273,7 +273,7 @@ def test_table1_report_shows_a_deeper_sweeps_cells_beside_its_own(tmp_path, monk
     def train(config):  # depth 22: 2^-3 best (0.7, 0.6), 2^-2 diverges, 2^-4 0.6
         k = round(math.log2(config.learning_rate))
         acc = {-4: 0.6, -3: 0.7 - 0.1 * config.seed}.get(k) if config.depth == 22 else 0.8 + 0.01 * k
-        return {"status": "completed" if acc else "diverged", "test_top1": acc, "train_cross_entropy": 2.0 - (acc or 0),
+        return {"status": "completed" if acc else "diverged", "eval_split": "test", "eval_top1": acc, "train_cross_entropy": 2.0 - (acc or 0),
                 "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
     fake_training(monkeypatch, train)
@@ -534,7 +534,7 @@ def test_converged_protocol_chooses_the_lr_on_validation_then_trains_final_seeds
         os.makedirs(config.model_dir, exist_ok=True)
         with open(os.path.join(config.model_dir, "history.csv"), "w") as f:
             f.write("epoch,lr,val_top1\n" + "".join(f"{e},0.1,{acc * e / config.epochs}\n" for e in (1, 2, 3)))
-        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 0.3, "wall_time_s": 1.0,
+        return {"status": "completed", "eval_top1": acc, "train_cross_entropy": 0.3, "wall_time_s": 1.0,
                 "chief": True, "eval_split": "validation" if config.validation_examples else "test",
                 "config": dataclasses.asdict(config)}
 
@@ -715,7 +715,7 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
         calls.append(config)
         peak = -7 + math.log2(config.batch_size / 64)
         acc = 0.9 - 0.1 * abs(math.log2(config.learning_rate) - peak)
-        return {"status": "completed", "test_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
+        return {"status": "completed", "eval_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
                 "chief": True, "eval_split": "validation" if config.validation_examples else "test",
                 "config": dataclasses.asdict(config)}
 
