@@ -64,12 +64,34 @@ class Dataset:
 
 
 def as_tf_data(split):
-    """A Dataset's split as an unbatched tf.data.Dataset."""
-    if not isinstance(split, tuple):
+    """A Dataset's split as an unbatched tf.data.Dataset: arrays sliced, a
+    `numpy_data.Records` read by index in a parallel map (in order: the
+    examples the arrays would give)."""
+    if not isinstance(split, (tuple, numpy_data.Records)):
         return split
     import tensorflow as tf
 
-    return tf.data.Dataset.from_tensor_slices(split)
+    if isinstance(split, tuple):
+        return tf.data.Dataset.from_tensor_slices(split)
+
+    def read(index):
+        images, labels = split.take([index])
+        return images[0], labels[0]
+
+    def example(index):
+        image, label = tf.numpy_function(read, [index], (tf.uint8, tf.int64), stateful=False)
+        return tf.ensure_shape(image, split.image_shape), tf.ensure_shape(label, ())
+
+    return tf.data.Dataset.range(len(split)).map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _image_chunks(split, size=1024):
+    """A training split's images: its array, or a streamed split's in chunks."""
+    if isinstance(split, tuple):
+        yield split[0]
+        return
+    for start in range(0, len(split), size):
+        yield np.stack(split.take(range(start, min(start + size, len(split))))[0])
 
 
 def numpy_feed(dataset):
@@ -146,7 +168,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         # A bad choice fails before the data is read.
         preprocessing.choose(preprocessing_choice, name, (1, 1, 1), stats=((0.0,), (1.0,)) if own_stats else None)
         dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
-        stats = (preprocessing.channel_stats(dataset.train[0]) if own_stats and preprocessing_choice ==
+        stats = (preprocessing.channel_stats(_image_chunks(dataset.train)) if own_stats and preprocessing_choice ==
                  preprocessing.MEAN_STD else None)
         return dataclasses.replace(
             dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape, stats))

@@ -14,13 +14,17 @@ classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
   for the ResNets). Resized as evaluation does it: the shorter side to the
   size (bilinear), then the centre square.
 
-The images are decoded once, by PIL in threads (no TensorFlow: the same
-arrays on every backend and feed), into memory (`data` then feeds them as
-any in-memory dataset). Bad folders are one line (ValueError) before any
-training: a missing folder or split, a class folder without images, a split
-whose classes differ from train's, a file that is not a readable image
-(`skip_bad`: skipped and counted instead), a folder larger than the memory
-available. Nothing is written into the folder.
+The images are decoded by PIL (no TensorFlow: the same arrays on every
+backend and feed): once, in threads, into memory (`data` then feeds them as
+any in-memory dataset), or, where they would take more than half the memory
+available, each time a batch needs them (`numpy_data.Records` over `Files`:
+the NumPy feed's reader threads, or tf.data's parallel map on TensorFlow).
+Bad folders are one line (ValueError) before any training: a missing folder
+or split, a class folder without images, a split whose classes differ from
+train's, a file that is not a readable image (`skip_bad`: skipped and
+counted instead; a streamed folder's files are checked by their headers
+first, and a file whose data is cut is named when a batch reads it).
+Nothing is written into the folder.
 """
 
 import concurrent.futures
@@ -35,8 +39,8 @@ _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
 @dataclasses.dataclass
 class Folder:
-    train: tuple  # (uint8 images (N, H, W, C), int64 labels (N,))
-    test: tuple
+    train: object  # (uint8 images (N, H, W, C), int64 labels (N,)), or a `numpy_data.Records` of `Files`
+    test: object
     eval_split: str  # the split folder evaluated: "test", "validation" or "val"
     classes: tuple
     skipped: tuple = ()  # the files skipped as unreadable (skip_bad)
@@ -134,6 +138,27 @@ def decode(file, mode, size, crop=None):
     return array[..., None] if array.ndim == 2 else array
 
 
+class Files:
+    """A split's image files decoded when read (`numpy_data.Records`' source):
+    `__getitems__(indices)` -> [{"image", "label"}]."""
+
+    def __init__(self, files, labels, mode, size):
+        self.files, self.labels, self.mode, self.size = files, labels, mode, size
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitems__(self, indices):
+        records = []
+        for i in indices:
+            array = decode(self.files[i], self.mode, self.size)
+            if array is None:
+                raise ValueError(f"{self.files[i]}: truncated or corrupt: PIL cannot decode it (read as a batch "
+                                 "needed it: the folder is streamed, its files checked by their headers only)")
+            records.append({"image": array, "label": self.labels[i]})
+        return records
+
+
 def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None):
     """The `Folder` at `path` (see the module docstring)."""
     if channels not in (None, 1, 3):
@@ -159,8 +184,14 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     shared = next(iter(sizes)) if len(sizes) == 1 else None
     size = image_size or (None if shared else default_size)
     height, width = (size, size) if size else (shared[1], shared[0])
-    _check_memory(path, len(kept) * height * width * channels)
     mode = "L" if channels == 1 else "RGB"
+    if not _fits_in_memory(len(kept) * height * width * channels):
+        from keras_skipinit import numpy_data
+
+        train, test = (numpy_data.Records(Files([f for s, _, f, _ in kept if s == split],
+                                                [label for s, label, _, _ in kept if s == split], mode, size),
+                                          (height, width, channels)) for split in ("train", evaluated))
+        return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
     with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(lambda item: decode(item[2], mode, size), kept))
     splits = {"train": ([], []), evaluated: ([], [])}
@@ -179,10 +210,9 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
 
 
-def _check_memory(path, need):
+def _fits_in_memory(need):
+    """Whether `need` bytes of decoded images take at most half the memory available."""
     from keras_skipinit import machine
 
     have = machine.available_memory_bytes()
-    if have is not None and need > have // 2:
-        raise ValueError(f"--dataset={path}: its images at the chosen size need {need / 2**30:.1f} GiB in memory, "
-                         f"more than half the {have / 2**30:.1f} GiB available; pass a smaller --image_size")
+    return have is None or need <= have // 2

@@ -247,18 +247,18 @@ def stats_name(mean, std):
     return f"{MEAN_STD}({','.join(f'{m:.4f}' for m in mean)}/{','.join(f'{s:.4f}' for s in std)})"
 
 
-def channel_stats(images):
-    """Per-channel mean and std of uint8 `images` [N, H, W, C], as the
-    papers' CIFAR normalization takes them from the training split."""
-    pixels = np.asarray(images).reshape(-1, np.shape(images)[-1])
-    mean = np.zeros(pixels.shape[1])
-    square = np.zeros(pixels.shape[1])
-    for start in range(0, len(pixels), 1 << 22):  # float64 in slices: no copy of the whole split
-        chunk = pixels[start : start + (1 << 22)].astype(np.float64)
-        mean += chunk.sum(0)
-        square += (chunk**2).sum(0)
-    mean /= len(pixels)
-    return tuple(map(float, mean)), tuple(map(float, np.sqrt(np.maximum(square / len(pixels) - mean**2, 0.0))))
+def channel_stats(chunks):
+    """Per-channel mean and std of uint8 images [N, H, W, C] given in
+    `chunks` (arrays), as the papers' CIFAR normalization takes them from the
+    training split."""
+    total, mean, square = 0, 0.0, 0.0
+    for images in chunks:
+        pixels = np.asarray(images).reshape(-1, np.shape(images)[-1])
+        for start in range(0, len(pixels), 1 << 22):  # float64 in slices: no copy of the whole split
+            chunk = pixels[start : start + (1 << 22)].astype(np.float64)
+            total, mean, square = total + len(chunk), mean + chunk.sum(0), square + (chunk**2).sum(0)
+    mean = mean / total
+    return tuple(map(float, mean)), tuple(map(float, np.sqrt(np.maximum(square / total - mean**2, 0.0))))
 
 
 def get(name):

@@ -143,3 +143,37 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     recorded = run_dir.read_spec(str(tmp_path / "run"))["preprocessing"]
     assert recorded.startswith("mean_std(") and preprocessing.get(recorded).name == recorded
     assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
+
+
+def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_path, monkeypatch):
+    """Where its decoded images would take more than half the memory
+    available, a folder is read per batch (numpy_data.Records over
+    image_folder.Files): the same evaluation batches and the same first
+    training batch as in memory, on this backend's feed, the same mean_std
+    statistics, and a run trains on it."""
+    import keras
+
+    from keras_skipinit import pipelines
+
+    def batches(feed, count=None):
+        if isinstance(feed, keras.utils.PyDataset):
+            return [feed[i] for i in range(count or len(feed))]
+        return list(feed.take(count) if count else feed)
+
+    root = write_folder(tmp_path / "f", per_class=(20, 4))
+    whole = data_lib.load(str(root))
+    whole_mean_std = data_lib.load(str(root), preprocessing_choice="mean_std").preprocessing
+    monkeypatch.setattr(image_folder, "_fits_in_memory", lambda need: False)
+    streamed = data_lib.load(str(root))
+    assert not streamed.in_memory and (streamed.num_train, streamed.num_test) == (whole.num_train, whole.num_test)
+    for mine, theirs in ((batches(pipelines.eval_pipeline(streamed, 16)), batches(pipelines.eval_pipeline(whole, 16))),
+                         (batches(pipelines.train_pipeline(streamed, 16, 0), 1),
+                          batches(pipelines.train_pipeline(whole, 16, 0), 1))):
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
+            np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+    assert data_lib.load(str(root), preprocessing_choice="mean_std").preprocessing == whole_mean_std
+    results = training.train(training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=3, batch_size=8,
+                                             model_dir=str(tmp_path / "run"), verbose=0))
+    assert results["status"] == "completed" and results["num_test"] == 12
