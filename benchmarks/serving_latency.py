@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import applications as apps, deploy, serving
+from keras_skipinit import applications as apps, deploy, runtimes, serving
 
 MODELS = {
     "WRN-16-2 batchnorm": lambda: apps.WideResNet(16, 2, input_shape=(32, 32, 3), normalization="batchnorm"),
@@ -73,17 +73,11 @@ def main():
 
 
 def _file_runner(path, images):
-    """One call of a LiteRT or ONNX file on `images` (a runner per batch size:
-    no tensor resizing inside the timed calls)."""
-    if path.endswith(".tflite"):
-        from ai_edge_litert.interpreter import Interpreter
-
-        runner = Interpreter(model_path=path, num_threads=os.cpu_count()).get_signature_runner()
-        return lambda: runner(images=images)
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return lambda: session.run(["probabilities"], {"images": images})
+    """One call of a LiteRT or ONNX file on `images`, opened as predict and
+    export's check open it (`runtimes.RUNTIMES`; a runner per batch size: no
+    tensor resizing inside the timed calls)."""
+    loaded = runtimes.RUNTIMES[runtimes.format_of(path)].open(path)
+    return lambda: loaded.run(images)
 
 
 if __name__ == "__main__":

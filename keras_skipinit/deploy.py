@@ -259,7 +259,6 @@ FORMATS = {
     "onnx": Format(runtimes.RUNTIMES["onnx"].suffix, spec.EXPORT_QUANTIZATIONS["onnx"], ("tf2onnx",), _onnx_bytes,
                    _onnx_int8),
 }
-format_of = runtimes.format_of
 
 
 def run_file(path, images, batch=64):

@@ -76,18 +76,25 @@ def missing(modules):
 
 
 def open_file(path):
-    """`path` (.tflite or .onnx) in its runtime, as `Loaded`; a one-line
-    ValueError where the runtime is not installed."""
+    """`path` (.tflite or .onnx) in its runtime, as `Loaded` (float32
+    probabilities); a one-line ValueError where the runtime is not installed.
+    Its C++ note is kept out where it comes: LiteRT makes its XNNPACK
+    delegate, and says so, at the first call only (later calls unfiltered)."""
     fmt = format_of(path)
     absent = missing(RUNTIMES[fmt].modules)
     if absent:
         raise ValueError(f"{path}: {fmt} {absent}")
     with _startup.filtered_stderr(lambda line: line.startswith(NOISE)):
         loaded = RUNTIMES[fmt].open(path)
+    first = [True]
 
     def run(images):
-        with _startup.filtered_stderr(lambda line: line.startswith(NOISE)):
+        if not first:
             return np.asarray(loaded.run(images), np.float32)
+        with _startup.filtered_stderr(lambda line: line.startswith(NOISE)):
+            probabilities = np.asarray(loaded.run(images), np.float32)
+        first.clear()
+        return probabilities
 
     return dataclasses.replace(loaded, run=run)
 
