@@ -165,11 +165,11 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     `image_folder.read` with the keywords in `folder`."""
     if preprocessing_choice is not None:
         own_stats = image_folder.looks_like_folder(name)  # a folder's statistics are its own training images'
-        # A bad choice fails before the data is read.
-        preprocessing.choose(preprocessing_choice, name, (1, 1, 1), stats=((0.0,), (1.0,)) if own_stats else None)
+        # A bad choice fails before the data is read (a folder's statistics stand in until they are computed).
+        preprocessing.choose(preprocessing_choice, name, (1, 1, 1),
+                             stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
         dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
-        stats = (preprocessing.channel_stats(_image_chunks(dataset.train)) if own_stats and preprocessing_choice ==
-                 preprocessing.MEAN_STD else None)
+        stats = (lambda: preprocessing.channel_stats(_image_chunks(dataset.train))) if own_stats else None
         return dataclasses.replace(
             dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape, stats))
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):

@@ -287,8 +287,9 @@ def for_images(image_shape):
 def choose(choice, dataset, image_shape, stats=None):
     """The entry a run on `dataset` uses: its images' own (`for_images`)
     where `choice` is None, else 'standardize' or 'mean_std' (the dataset's
-    `CHANNEL_STATS`, else `stats`, (mean, std) of its training images, as
-    a `stats_name`) for images up to 64 px; one line for anything else."""
+    `CHANNEL_STATS`, else `stats()`, (mean, std) of its training images, as
+    a `stats_name`: called only when the choice stands, since it reads the
+    whole split) for images up to 64 px; one line for anything else."""
     if choice is not None and choice not in CHOICES:
         raise ValueError(f"preprocessing must be one of {CHOICES} (or unset: the dataset's own), got {choice!r}.")
     own = for_images(image_shape)
@@ -299,7 +300,7 @@ def choose(choice, dataset, image_shape, stats=None):
                          f"{'x'.join(map(str, image_shape))} images, which take {own}.")
     if choice == MEAN_STD and dataset not in CHANNEL_STATS:
         if stats is not None:
-            return stats_name(*stats)
+            return stats_name(*stats())
         raise ValueError(f"--preprocessing={MEAN_STD}: no channel statistics for {dataset!r} "
                          f"(preprocessing.CHANNEL_STATS has {', '.join(CHANNEL_STATS)}; add its line there).")
     return f"{dataset}_{MEAN_STD}" if choice == MEAN_STD else choice

@@ -145,6 +145,17 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
 
 
+def test_mean_std_on_a_folder_of_large_images_is_refused_before_its_statistics_are_read(tmp_path, monkeypatch):
+    """The size rule (mean_std up to 64 px) refuses first: a streamed folder's
+    statistics would read every image."""
+    from keras_skipinit import preprocessing
+
+    root = write_folder(tmp_path / "f", per_class=(4, 2))
+    monkeypatch.setattr(preprocessing, "channel_stats", lambda chunks: pytest.fail("statistics read"))
+    with pytest.raises(ValueError, match="is for images up to 64 px"):
+        data_lib.load(str(root), preprocessing_choice="mean_std", folder=dict(image_size=72))
+
+
 def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_path, monkeypatch):
     """Where its decoded images would take more than half the memory
     available, a folder is read per batch (numpy_data.Records over
