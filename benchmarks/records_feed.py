@@ -1,14 +1,16 @@
 """ImageNet-style training images/s of the input feeds alone (no model).
 
 JAX without TensorFlow reads an ImageNet-style TFDS dataset prepared as
-array_record batch by batch (`numpy_data.Records`: PIL decodes, NumPy crops
-and resizes); where TensorFlow is installed, tf.data's pipeline
+array_record batch by batch (`numpy_data.Records`: PIL decodes, crops and
+resizes, NumPy normalizes); where TensorFlow is installed, tf.data's pipeline
 (`pipelines.train_pipeline`) reads it instead. This measures both on the same
 synthetic photographs (smooth random fields plus noise, JPEG, 500x375 and
 375x500, ImageNet's commonest sizes): random-resized crop to 224, flip,
 per-channel normalization, batch 64, one pass per round; the NumPy feed
 read in order (one thread) and as `fit` reads it (its reader threads), rounds
-interleaved, the median per feed.
+interleaved, the median per feed. The same photos as JPEG files in a folder
+(`--dataset=PATH`, streamed: decoded per batch), fed both ways, are compared
+with each other.
 
     python benchmarks/records_feed.py --images=512 --rounds=3     # ~3 min on 2 cores
 
@@ -17,6 +19,7 @@ Needs TensorFlow (it prepares the data and is the comparison) and `.[tfds]`.
 
 import argparse
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -24,7 +27,7 @@ import time
 import _common
 import numpy as np
 
-from keras_skipinit import data, numpy_data, pipelines, tfds_prepare
+from keras_skipinit import data, image_folder, numpy_data, pipelines, tfds_prepare
 
 BATCH = 64
 
@@ -75,7 +78,11 @@ def main():
     photos = _builder(args.images)
     photos(data_dir=f"{folder}/array_record", file_format="array_record").download_and_prepare()
     photos(data_dir=f"{folder}/tfrecord").download_and_prepare()
-    records = numpy_data.Records(photos(data_dir=f"{folder}/array_record").as_data_source(split="train"), (None, None, 3))
+    import tensorflow_datasets as tfds
+
+    source = photos(data_dir=f"{folder}/array_record").as_data_source(  # as data.load reads it: images encoded
+        split="train", decoders={"image": tfds.decode.SkipDecoding()})
+    records = numpy_data.Records(source, (None, None, 3))
     tf_split = photos(data_dir=f"{folder}/tfrecord").as_dataset(split="train", as_supervised=True)
     dataset = data.Dataset("photo_sample", tf_split, None, args.images, 0, 10, (None, None, 3), "imagenet", flip=True)
 
@@ -95,9 +102,34 @@ def main():
         for _ in pipelines.train_pipeline(dataset, BATCH, epoch).as_numpy_iterator():
             pass
 
+    # The same photos as JPEG files in a folder (--dataset=PATH), streamed (decoded per batch, as a folder larger
+    # than half the memory is): the NumPy feed as fit reads it against tf.data's parallel map of the same files.
+    from PIL import Image
+
+    for i, (image, label) in enumerate(_photos(args.images)):
+        os.makedirs(f"{folder}/images/train/{label}", exist_ok=True)
+        Image.fromarray(image).save(f"{folder}/images/train/{label}/{i}.jpg", quality=90)
+    for label in range(10):  # every class in test/ too
+        os.makedirs(f"{folder}/images/test/{label}", exist_ok=True)
+        Image.fromarray(image).save(f"{folder}/images/test/{label}/0.jpg")
+    image_folder._fits_in_memory = lambda need: False
+    streamed = data.load(f"{folder}/images", folder=dict(image_size=224))
+
+    def folder_numpy(epoch):
+        for _ in PyDatasetAdapter(numpy_data.train_batches(streamed.train, None, streamed.num_classes, BATCH, epoch,
+                                                           flip=True, prep=streamed.preprocessing),
+                                  shuffle=False).get_numpy_iterator():
+            pass
+
+    def folder_tf_data(epoch):
+        for _ in pipelines.train_pipeline(streamed, BATCH, epoch).as_numpy_iterator():
+            pass
+
     feeds = {"NumPy (Records), in order": in_order,
              f"NumPy (Records), as fit reads it ({numpy_data._workers(None)} threads)": as_fit_reads,
-             "tf.data (pipelines.train_pipeline)": tf_data}
+             "tf.data (pipelines.train_pipeline)": tf_data,
+             "folder, NumPy as fit reads it": folder_numpy,
+             "folder, tf.data": folder_tf_data}
     seconds = {name: [] for name in feeds}
     for r in range(args.rounds):
         for name, feed in feeds.items():
@@ -105,11 +137,11 @@ def main():
             feed(r)
             seconds[name].append(time.perf_counter() - start)
             print(f"round {r + 1} {name}: {args.images // BATCH * BATCH / seconds[name][-1]:.0f} img/s", flush=True)
-    base = args.images // BATCH * BATCH / statistics.median(seconds["tf.data (pipelines.train_pipeline)"])
+    rates = {name: args.images // BATCH * BATCH / statistics.median(seconds[name]) for name in feeds}
     print(f"\n| feed ({args.images} JPEG photos, 224 crops, batch {BATCH}) | img/s | vs tf.data |\n|---|---|---|")
     results = []
-    for name in feeds:
-        rate = args.images // BATCH * BATCH / statistics.median(seconds[name])
+    for name, rate in rates.items():
+        base = rates["folder, tf.data" if name.startswith("folder") else "tf.data (pipelines.train_pipeline)"]
         results.append({"feed": name, "img_per_s": rate, "rounds_s": seconds[name]})
         print(f"| {name} | {rate:.0f} | {rate / base:.2f}x |")
     print("\nwrote", _common.write("records_feed_" + _common.device(), {"args": vars(args), "results": results}))

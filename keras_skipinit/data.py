@@ -303,7 +303,11 @@ def _random_access(builder, test_split):
             f"`tfds build {name} --file_format=array_record --data_dir=DIR` where it is installed, then --data_dir=DIR")
     print(f"Reading {name} through tfds.data_source ({builder.data_dir}"
           f"{')' if whole else '; images decoded per batch)'}.", flush=True)
-    sources = builder.as_data_source(split=["train", test_split])
+    import tensorflow_datasets as tfds
+
+    # Read per batch, images come encoded: `numpy_data.Records` decodes them, and a training crop cuts them in PIL.
+    sources = builder.as_data_source(split=["train", test_split],
+                                     decoders=None if whole else {"image": tfds.decode.SkipDecoding()})
     return tuple(_read_all(source) if whole else numpy_data.Records(source, shape) for source in sources)
 
 

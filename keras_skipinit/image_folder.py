@@ -121,14 +121,16 @@ def decode(file, mode, size, crop=None):
     try:
         with Image.open(file) as image:
             image.seek(0)  # a GIF's first frame
+            if size is not None:
+                width, height = image.size
+                scale = size / min(width, height)
+                new = (max(size, round(width * scale)), max(size, round(height * scale)))
+                image.draft(None, new)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale where that is still >= new
             image.load()
             image = image.convert(mode)
     except (OSError, ValueError, SyntaxError):
         return None
     if size is not None:
-        width, height = image.size
-        scale = size / min(width, height)
-        new = (max(size, round(width * scale)), max(size, round(height * scale)))
         if new != image.size:
             image = image.resize(new, Image.BILINEAR)
         crop = crop or size

@@ -135,11 +135,15 @@ def _channels(images, mean, std):
 
 
 def _channels_numpy(images, mean, std):
-    x = np.asarray(images, np.float32)  # float32, as `_channels` computes it
-    channels = x.shape[-1]
-    out = x - np.float32(mean[:channels])
-    out /= np.float32(std[:channels])
-    return out
+    """`_channels` in NumPy, in float32 as it computes it. The statistics are
+    tiled along a row (W x C values): broadcast over a last axis of 3, NumPy's
+    loops run ~4x slower."""
+    x = np.array(images, np.float32)  # a copy: the caller's array is not changed
+    channels, row = x.shape[-1], x.shape[-2] * x.shape[-1]
+    out = x.reshape(-1, row)
+    out -= np.tile(np.float32(mean[:channels]), row // channels)
+    out /= np.tile(np.float32(std[:channels]), row // channels)
+    return out.reshape(x.shape)
 
 
 def resize_bilinear(image, height, width):
