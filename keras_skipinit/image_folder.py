@@ -12,7 +12,8 @@ classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
 - size: `image_size` (square), else the images' own size when they all share
   one, else `default_size` (the model's: 32 for the CIFAR-style nets, 224
   for the ResNets). Resized as evaluation does it: the shorter side to the
-  size (bilinear), then the centre square.
+  size (bilinear), then the centre square. No image is too small to crop: a
+  smaller one is scaled up (as timm, torchvision and Keras' loaders do).
 
 The images are decoded by PIL (no TensorFlow: the same arrays on every
 backend and feed): once, in threads, into memory (`data` then feeds them as

@@ -46,8 +46,10 @@ def model_args(config, dataset):
     return args
 
 
-def build_model(config, dataset):
-    return applications.create_model(**model_args(config, dataset))
+def build_model(config, dataset, **changes):
+    """The run's model (`model_args`), with `changes` to its arguments (a
+    fine-tuning source's class count)."""
+    return applications.create_model(**{**model_args(config, dataset), **changes})
 
 
 def build_note(config):

@@ -33,7 +33,7 @@ import keras
 
 from keras_skipinit import applications, data as data_lib, distribute, files, finetune, lsuv, machine, memory, pipelines
 from keras_skipinit import normalization as norm_lib, run_dir, spec
-from keras_skipinit.run_model import build_note, compiled_model, method_options, model_args
+from keras_skipinit.run_model import build_model, build_note, compiled_model, method_options, model_args
 from keras_skipinit.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.checkpoint import Checkpoint
 
@@ -150,7 +150,8 @@ def _train(config, strategy, out_dir, start, interrupt):
     results. Returns results.json's record, or `_interrupted`'s."""
     run = _Run(config, strategy, out_dir, start, interrupt, chief=distribute.is_chief(strategy))
     _set_up_data(run)
-    _build_or_restore(run)
+    _build(run)
+    _start_or_restore(run)
     _carry_records(run)
     eval_ds, eval_steps = _eval_data(run)
     stopped, diverged, final_eval = _epoch_loop(run, eval_ds, eval_steps)
@@ -175,15 +176,15 @@ def _set_up_data(run):
     run.micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
 
 
-def _build_or_restore(run):
-    """The compiled model, in the strategy's scope: from --init_from or LSUV
-    on a first start, else from model_dir's newest checkpoint."""
-    config, strategy, dataset, chief = run.config, run.strategy, run.dataset, run.chief
+def _build(run):
+    """The compiled model, in the strategy's scope, with the lines a run
+    should see before it: a slow build, ghost batches, memory, bfloat16."""
+    config, strategy, chief = run.config, run.strategy, run.chief
     note = build_note(config)
     if note and chief:
         print(note, flush=True)
     with strategy.scope():
-        run.model = model = compiled_model(config, dataset, run.micro_steps // config.accumulation_steps)
+        run.model = model = compiled_model(config, run.dataset, run.micro_steps // config.accumulation_steps)
         _note_ghost_batches(model, distribute.model_batch(strategy, run.micro_batch), chief)
         for warning in (memory.check_memory(model, run.micro_batch // strategy.num_replicas_in_sync,
                                             config.ignore_memory_check),
@@ -191,15 +192,24 @@ def _build_or_restore(run):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribute.prepare_model(model, strategy)
+
+
+def _start_or_restore(run):
+    """The model's starting weights: model_dir's newest checkpoint where
+    there is one (a resumed run continues, fine-tuning runs too), else
+    --init_from's and LSUV's on the initializers'."""
+    config, model = run.config, run.model
+    with run.strategy.scope():
         run.checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
                                     os.path.join(run.out_dir, run_dir.CHECKPOINTS))
-        if config.init_from and not run.checkpoint.all():  # a resumed run continues from its own checkpoint
-            started = finetune.load_into(model, config.init_from, lambda classes: applications.create_model(
-                **{**model_args(config, dataset), "classes": classes}))
-            if chief:
+        first_start = not run.checkpoint.all()
+        if config.init_from and first_start:
+            started = finetune.load_into(model, config.init_from, lambda classes: build_model(
+                config, run.dataset, classes=classes))
+            if run.chief:
                 print(started, flush=True)
-        if config.lsuv and not run.checkpoint.all():
-            images, _ = pipelines.first_batch(pipelines.train_pipeline(dataset, run.micro_batch, 0, config.seed))
+        if config.lsuv and first_start:
+            images, _ = pipelines.first_batch(pipelines.train_pipeline(run.dataset, run.micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (run.epoch, run.skip), run.restored = run.checkpoint.restore(model)  # builds the optimizer's variables
 

@@ -63,6 +63,8 @@ def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_p
     assert abs(int(gray[0, 4, 0, 0]) - (0.299 * 100 + 0.587 * 150 + 0.114 * 200)) <= 1  # ITU-R 601 luma
     assert list(rgb[0, 4, 0]) == [100, 150, 200] and list(rgb[0, 4, 7]) == [0, 0, 0]
     assert image_folder.read(str(root), channels=3).train[0].shape == (2, 40, 20, 3)  # one shared size: kept
+    tiny = image_folder.decode(str(root / "train" / "a" / "x.png"), "RGB", 64)  # 20x40: scaled up, not refused
+    assert tiny.shape == (64, 64, 3) and list(tiny[32, 0]) == [100, 150, 200] and list(tiny[32, 63]) == [0, 0, 0]
 
 
 def test_a_large_jpeg_decodes_at_reduced_scale_to_the_same_picture(tmp_path, monkeypatch):
