@@ -111,6 +111,23 @@ def survival():
             "seeds": 10, "best_k": 1, "centre_log2_lrs": dict(skipinit=-4, fixup=-3, batchnorm=2)}
 
 
+def budget():
+    """The optimum against the budget (§2.3's depth-independent rate, tested
+    where it can hold): skipinit_table1's sweep (WRN-16-1, batch 64, 9,600
+    Fashion-MNIST images, 3 seeds per rate, best 2 of 3, the grid extended
+    until each optimum is interior) for SkipInit (alpha = 0) and BatchNorm
+    at 600 updates (4 passes, the same schedule's shape), to set beside the
+    150-update cells of docs/skipinit_table1 and the edges of
+    docs/stability_edge.
+
+        python -m keras_skipinit.sweep --preset=budget --out=docs/budget/updates600
+
+    About 30 runs of ~70 s on 2 CPU cores; rerun to resume. 2,400 updates
+    (--epochs=16, rates chosen on held-out images) and depth 100 (a lent
+    GPU) are planned in docs/budget/README.md."""
+    return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
+
+
 def fixup_fig3():
     """Fixup §4.1 Fig. 3: one epoch at lr 0.1 against depth (WRN-16/52/100-1,
     32,000 Fashion-MNIST images), 3 seeds, six methods.
@@ -239,6 +256,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, survival, fixup_fig3, fixup_fig3_cifar_resnet,
+    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, survival, budget, fixup_fig3, fixup_fig3_cifar_resnet,
     fixup_fig3_wrn_full_epoch, table1_converged_epochs, table1_converged, table1_converged_deep,
     batch_scaling_fashion_mnist, batch_scaling_cifar10, quantization_fashion_mnist)}
