@@ -11,6 +11,12 @@
 #   table1.txt, table1_depth1000_runs.jsonl (issue 42.4) Table 1's depth-1000 grid extensions (BatchNorm,
 #                   SkipInit), after the edge runs are merged into docs/skipinit_table1/depth1000/runs.jsonl
 #                   (the same settings: they count there); TABLE1_S seconds
+#   STEPS=mechanism: mechanism.txt, mechanism_runs.jsonl (docs/mechanism: App. D.2's variants, deep_* folders
+#                   at depth 1000, mid_* at 100); MECH_S seconds, the sweeps at once
+#   STEPS=budget:   budget.txt, budget_runs.jsonl (docs/budget: SkipInit and BatchNorm at 600 updates, depth
+#                   100, one sweep per rate, all at once; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
+#                   other cells); BUDGET_S seconds. Append the returned lines to docs/budget/updates<N>_depth<D>/
+#                   runs.jsonl (N = 150 x epochs): a later call starts each sweep from that file
 # Stop the CPU sweeps of those folders first (so that no cell runs twice); afterwards append each returned
 # runs.jsonl's new lines to its folder here and resume them.
 # Dry run on a CPU (a venv of ".[jax]", no install): SKIP_INSTALL=1 PY=python SWEEP_S=60 bash benchmarks/gpu/session.sh
@@ -62,36 +68,65 @@ step_table1() {
   cp "$T1/runs.jsonl" "$OUT/table1_depth1000_runs.jsonl" 2> /dev/null
 }
 
-step_mechanism() {  # issue 63: every sweep in the background at once, one folder each, then their runs
-  local m r pids=() dir=/tmp/mechanism
+# Sweeps at once on the one GPU (a dozen share it): one per "FOLDER FROM ARGS..." line read from stdin, each
+# in /tmp/$1/FOLDER, started from the runs.jsonl FROM where it exists (the runs an earlier call returned: not
+# run again), for at most AT_ONCE_S seconds; every 30 s (the call may be cut) and at the end their runs.jsonl
+# lines are gathered into $OUT/$1_runs.jsonl, and their last output lines into $OUT/$1.txt.
+at_once() {
+  local name=$1 dir=/tmp/$1 folder from args pids=()
   rm -rf "$dir" && mkdir -p "$dir"
-  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # a dozen processes share the GPU's memory
-  for m in ${MECH_METHODS:-bn_sqrt2 bn_block_end}; do
-    for r in ${MECH_LOG2_LRS:--6 -4 -2 0}; do
-      timeout -k 30 "${MECH_S:-420}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1 --depths="${MECH_DEEP:-1000}" \
-        --methods="$m" --log2_lrs="$r" --no-extend_grid --seeds=2 --best_k=2 --loop_blocks --checkpoint_steps=1000 \
-        --manual_dir="$FM" --out="$dir/deep_${m}_$r" > "$dir/deep_${m}_$r.txt" 2>&1 & pids+=($!)
-    done
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the processes share the GPU's memory
+  while read -r folder from args; do
+    mkdir -p "$dir/$folder" && { [ ! -f "$from" ] || cp "$from" "$dir/$folder/runs.jsonl"; }
+    # shellcheck disable=SC2086  # args: several flags
+    timeout -k 30 "${AT_ONCE_S:-420}" "$PY" -m keras_skipinit.sweep $args --loop_blocks --checkpoint_steps=1000 \
+      --manual_dir="$FM" --out="$dir/$folder" > "$dir/$folder.txt" 2>&1 < /dev/null & pids+=($!)
   done
-  # bn_head_only overflows float32 from block ~310 at depth 1000 (docs/mechanism): one rate shows it
-  timeout -k 30 "${MECH_S:-420}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1 --depths="${MECH_DEEP:-1000}" \
-    --methods=bn_head_only --log2_lrs=-6 --no-extend_grid --seeds=2 --best_k=2 --loop_blocks --checkpoint_steps=1000 \
-    --manual_dir="$FM" --out="$dir/deep_bn_head_only_-6" > "$dir/deep_bn_head_only_-6.txt" 2>&1 & pids+=($!)
-  # depth 100: each variant's grid from around its depth-16 optimum (docs/mechanism/table1), extended
-  for m in bn_sqrt2:-5,-4,-3 bn_block_end:-4,-3,-2 bn_head_only:-7,-6,-5; do
-    timeout -k 30 "${MECH_S:-420}" "$PY" -m keras_skipinit.sweep --preset=skipinit_table1 --depths="${MECH_MID:-100}" \
-      --methods="${m%%:*}" --log2_lrs="${m#*:}" --loop_blocks --checkpoint_steps=1000 --manual_dir="$FM" \
-      --out="$dir/mid_${m%%:*}" > "$dir/mid_${m%%:*}.txt" 2>&1 & pids+=($!)
-  done
-  while sleep 30 && kill -0 "${pids[@]}" 2> /dev/null; do  # progress, and the runs so far if the call is cut
-    cat "$dir"/deep_*/runs.jsonl > "$OUT/mechanism_depth1000_runs.jsonl" 2> /dev/null
-    log "mechanism: $(cat "$dir"/*/runs.jsonl 2> /dev/null | wc -l) runs recorded"
+  gather() {  # each run once (the folders of one cell start from the same file)
+    cat "$dir"/*/runs.jsonl 2> /dev/null | awk '!seen[$0]++' > "$OUT/${name}_runs.jsonl"
+    log "$name: $(wc -l < "$OUT/${name}_runs.jsonl") runs recorded"
+  }
+  while sleep 30 && kill -0 "${pids[@]}" 2> /dev/null; do
+    gather
   done
   wait "${pids[@]}"
-  cat "$dir"/deep_*/runs.jsonl > "$OUT/mechanism_depth1000_runs.jsonl" 2> /dev/null
-  cat "$dir"/mid_*/runs.jsonl > "$OUT/mechanism_depth100_runs.jsonl" 2> /dev/null
-  tail -n 4 "$dir"/*.txt > "$OUT/mechanism.txt" 2>&1
-  log "mechanism: $(cat "$dir"/*/runs.jsonl 2> /dev/null | wc -l) runs recorded"
+  gather
+  tail -n 4 "$dir"/*.txt > "$OUT/$name.txt" 2>&1
+}
+
+step_mechanism() {  # issue 63: App. D.2's variants at depths 1000 and 100 (docs/mechanism)
+  local m r
+  {
+    for m in ${MECH_METHODS:-bn_sqrt2 bn_block_end}; do
+      for r in ${MECH_LOG2_LRS:--6 -4 -2 0}; do
+        echo "deep_${m}_$r - --preset=skipinit_table1 --depths=${MECH_DEEP:-1000} --methods=$m --log2_lrs=$r" \
+          "--no-extend_grid --seeds=2 --best_k=2"
+      done
+    done
+    # bn_head_only overflows float32 from block ~310 at depth 1000 (docs/mechanism): one rate shows it
+    echo "deep_bn_head_only_-6 - --preset=skipinit_table1 --depths=${MECH_DEEP:-1000} --methods=bn_head_only" \
+      "--log2_lrs=-6 --no-extend_grid --seeds=2 --best_k=2"
+    # depth 100: each variant's grid from around its depth-16 optimum (docs/mechanism/table1), extended
+    for m in bn_sqrt2:-5,-4,-3 bn_block_end:-4,-3,-2 bn_head_only:-7,-6,-5; do
+      echo "mid_${m%%:*} - --preset=skipinit_table1 --depths=${MECH_MID:-100} --methods=${m%%:*} --log2_lrs=${m#*:}"
+    done
+  } | AT_ONCE_S="${MECH_S:-420}" at_once mechanism
+}
+
+step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget) beyond depth 16
+  local d e m r seeds=${BUDGET_SEEDS:-3}
+  for d in ${BUDGET_DEPTHS:-100}; do  # 1000: BUDGET_DEPTHS=1000 (2 seeds there: BUDGET_SEEDS=2)
+    for e in ${BUDGET_EPOCHS:-4}; do  # 4: 600 updates of batch 64 over 9,600 images; 16: 2,400
+      # one process per rate, 3 seeds (best 2 of 3): rates around each method's 150-update optimum and edge
+      for m in ${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}; do
+        for r in $(echo "${m#*:}" | tr , ' '); do
+          echo "d${d}_e${e}_${m%%:*}_$r docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=budget" \
+            "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=$r --no-extend_grid --seeds=$seeds" \
+            "--best_k=$((seeds < 2 ? seeds : 2))"
+        done
+      done
+    done
+  done | AT_ONCE_S="${BUDGET_S:-540}" at_once budget
 }
 
 for step in ${STEPS:-train fit edge table1}; do
