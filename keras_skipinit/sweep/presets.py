@@ -122,9 +122,9 @@ def budget():
 
         python -m keras_skipinit.sweep --preset=budget --out=docs/budget/updates600
 
-    About 30 runs of ~70 s on 2 CPU cores; rerun to resume. 2,400 updates
-    (--epochs=16, rates chosen on held-out images) and depth 100 (a lent
-    GPU) are planned in docs/budget/README.md."""
+    21 runs of 165-300 s on 2 AVX2-only CPU cores (75 min); rerun to
+    resume. 2,400 updates (--epochs=16, rates chosen on held-out images) and
+    depth 100 (a lent GPU) are planned in docs/budget/README.md."""
     return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
 
 
