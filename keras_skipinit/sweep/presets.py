@@ -105,8 +105,8 @@ def survival():
 
         python -m keras_skipinit.sweep --preset=survival --out=docs/survival
 
-    About 210 runs of 10-40 s on 2 CPU cores (the factors 140 more); in
-    progress, rerun to resume. Budget and results: docs/survival/README.md."""
+    210 runs of 20-90 s on 2 CPU cores, done (the factors: 140 more, to
+    come; rerun to resume). Budget and results: docs/survival/README.md."""
     return {**stability_edge(), "protocol": "survival", "depths": [16], "methods": ["skipinit", "fixup", "batchnorm"],
             "seeds": 10, "best_k": 1, "centre_log2_lrs": dict(skipinit=-4, fixup=-3, batchnorm=2)}
 
