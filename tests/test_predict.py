@@ -85,6 +85,33 @@ def test_the_saved_model_answers_as_the_run(run_and_images, capsys, tmp_path):
 
 
 @tf_only
+@pytest.mark.heavy
+def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size(tmp_path, capsys):
+    """A SavedModel that resizes and crops itself (ImageNet preprocessing) answers what its .keras file
+    answers on the same large, non-square images: its crop is the run's, not a crop of predict's crop."""
+    from keras_skipinit import serving
+    from keras_skipinit.applications import WideResNet
+
+    model = WideResNet(10, 1, input_shape=(224, 224, 3), classes=5, normalization="skipinit", alpha_init="one", seed=0)
+    run_dir.save_model(model, str(tmp_path / "m.keras"), "imagenet")
+    saved = serving.export(model, str(tmp_path / "serving"), "m", preprocessing="imagenet")
+    rows, cols = np.mgrid[:300, :260]
+    for i in range(3):  # a bright block off centre on a gradient: a picture whose crop matters
+        image = np.stack([(rows * (i + 1)) % 256, (cols * 2) % 256, np.full_like(rows, 40 * i)], -1)
+        image[20 + 30 * i : 120 + 30 * i, 150:250] = 255
+        Image.fromarray(image.astype(np.uint8)).save(tmp_path / f"{i}.png")
+    got = {}
+    for source in (tmp_path / "m.keras", saved):
+        status, lines = answers(capsys, f"--source={source}", "--top_k=5", tmp_path / "0.png", tmp_path / "1.png",
+                                tmp_path / "2.png")
+        assert status == 0
+        got[source] = [line[1::2] for line in lines], np.array([[float(v) for v in line[2::2]] for line in lines])
+    (labels, scores), (labels_run, scores_run) = got[saved], got[tmp_path / "m.keras"]
+    assert labels == labels_run
+    np.testing.assert_allclose(scores, scores_run, atol=2e-5)
+
+
+@tf_only
 def test_litert_and_onnx_files_answer_as_the_run(run_and_images, capsys, tmp_path):
     from keras_skipinit import deploy, serving
 

@@ -150,10 +150,12 @@ def _saved_model(path):
                 labels.update((int(c), n.decode()) for c, n in zip(classes, names))
         return out["probabilities"].numpy().astype(np.float32)
 
-    if height is None:  # it resizes images itself (ImageNet preprocessing): give them at 224 as the others
+    if height is None:  # it resizes (shorter side to 256) and centre-crops 224 itself (ImageNet preprocessing):
         from keras_skipinit import preprocessing as preprocessing_lib
 
-        height = width = preprocessing_lib.IMAGENET_SIZE
+        # give it the centre 256 square at 256, which its resize leaves as it is: its crop is then the run's
+        # (a 224 crop given would be cropped again, the centre 87.5% enlarged)
+        height = width = preprocessing_lib.IMAGENET_RESIZE
     return Source(f"SavedModel {path}", (height, width, channels), height, labels, probabilities)
 
 
