@@ -203,10 +203,28 @@ def test_wilson_intervals_and_the_half_rate_match_a_hand_computation():
     assert protocol.half_rate(x, [1, 1, 1, 1, 0.5]) is None  # not on the grid
 
 
-def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(tmp_path, monkeypatch):
+def test_a_factors_shift_of_the_half_rate_and_its_interval_shrink_with_seeds():
+    """The budget issue's factor sizes: the same survival counts one octave higher shift the half rate by
+    exactly +1 (hand computation); its 95% interval holds it and narrows from 10 to 1,000 seeds a rate; a
+    cell that never falls to half on its grid has no shift and no bounds."""
+    def cell(log2s, trained, n):
+        return [{"lr": 2.0**x, "runs": n, "trained": round(f * n), "trained_by_loss": round(f * n)}
+                for x, f in zip(log2s, trained)]
+    x, fractions = [-5, -4.5, -4, -3.5, -3], [1, 1, 0.8, 0.2, 0]
+    for n, width in ((10, 1.5), (1000, 0.1)):
+        shift, low, high = protocol.half_rate_shift(cell([v + 1 for v in x], fractions, n), cell(x, fractions, n))
+        assert shift == pytest.approx(1.0) and low < 1.0 < high and high - low < width
+        if n == 10:
+            assert high - low > 0.3  # ten seeds a rate cannot place a half rate to a tenth of an octave
+    shift, low, high = protocol.half_rate_shift(cell(x, [1, 1, 1, 1, 1], 10), cell(x, fractions, 10))
+    assert (shift, low, high) == (None, None, None)  # it halves above its grid: the shift's size is unknown
+
+
+def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(tmp_path, monkeypatch, capsys):
     """The budget issue's survival curves: seven rates half an octave apart around the method's centre, every
     seed of each; per rate the runs that trained by accuracy and by accuracy and loss (a run above chance whose
-    training loss stayed at ln 10 trained by accuracy only), Wilson intervals, and the half rate. Resumes."""
+    training loss stayed at ln 10 trained by accuracy only), Wilson intervals, and the half rate. Resumes.
+    A factor's folder compared to it (--compare_to) names the factor and gives its shift."""
     calls = []
 
     def train(config):
@@ -236,6 +254,20 @@ def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(
     calls.clear()
     sweep.main(args)
     assert calls == []
+    # A factor in a folder of its own, one octave later: its table gives the shift against the first folder.
+    fake_training(monkeypatch, lambda config: {**train(dataclasses.replace(config, learning_rate=config.learning_rate / 2)),
+                                               "config": dataclasses.asdict(config)})
+    sweep.main([*args, "--preprocessing=mean_std", f"--out={tmp_path}/factor", f"--compare_to={tmp_path}"])
+    table = (tmp_path / "factor" / "table.md").read_text()
+    assert f"against {tmp_path} (preprocessing default -> mean_std)" in table
+    assert "| SkipInit (alpha = 0) | 10 | 2^-4.00 / 2^-3.00 | +1.00 | " in table and "| 2^-4.75 / 2^-3.75 | +1.00 |" in table
+    shift, low, high = json.loads((tmp_path / "factor" / "summary.json").read_text())["cells"]["skipinit/depth10"]["shift_log2"]
+    assert shift == pytest.approx(1.0) and low < 1 < high and f"| {low:+.2f} .. {high:+.2f} |" in table
+    for bad, why in (([*args[1:], "--protocol=edge", f"--compare_to={tmp_path}"], "only --protocol=survival"),
+                     ([*args, f"--compare_to={tmp_path}/factor/runs"], "cannot read")):
+        with pytest.raises(SystemExit):
+            sweep.main([*bad, f"--out={tmp_path}/bad", "--report_only"])
+        assert why in capsys.readouterr().err
 
 
 def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path, monkeypatch, capsys):
@@ -348,10 +380,11 @@ def _documented_commands(preset):
     return [line.split()[3:] for line in text.splitlines() if line.strip().startswith("python -m keras_skipinit.sweep ")]
 
 
-def test_every_presets_documented_command_reports_its_committed_runs_unchanged(tmp_path):
+def test_every_presets_documented_command_reports_its_committed_runs_unchanged(tmp_path, monkeypatch):
     """Issue 46.1-2: each preset's documented --out holds its runs (or the
     docstring says it was not run), and a report of those unchanged runs
     rewrites nothing (table.md, summary.json, the figures are as committed)."""
+    monkeypatch.chdir(ROOT)  # --compare_to=docs/...: read where the command is documented to run, and named so
     reported = []
     for preset in presets.PRESETS:
         for i, argv in enumerate(_documented_commands(preset)):

@@ -6,7 +6,7 @@ import os
 import sys
 
 from keras_skipinit import _cli, spec
-from keras_skipinit.sweep import log, protocol, report, runner
+from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
 
@@ -102,6 +102,9 @@ def build_parser():
                         help="--protocol=edge or table1: other such sweeps' --out folders (their summary.json) whose "
                              "cells fill the depths this sweep did not run, in its table and plot (depth 1000 in its own "
                              "folder with fewer seeds)")
+    parser.add_argument("--compare_to", default=None,
+                        help="--protocol=survival: another survival sweep's --out (its summary.json): the table gives how "
+                             "far this sweep's changed settings move each cell's half-train rate, with a 95%% interval")
     parser.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
                         help="sequential: each run in this process in turn; ray: each run a Ray task (pip install -e \".[ray]\")")
     parser.add_argument("--ray_address", default=None,
@@ -183,6 +186,7 @@ def main(argv=None):
 
         run_dir.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
         report.load_beside(args.beside, args)  # refused before any run
+        factors.load(args.compare_to, args)
         if not args.report_only:
             run_dir.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:

@@ -1,11 +1,12 @@
 """runs.jsonl: one line of JSON per finished run, appended by the sweep (the
 one writer) as each result comes back; `read_jsonl` and `append` also keep
-the quantization study's log."""
+the quantization study's log. `read_summary`: another sweep's summary.json."""
 
 import json
 import os
 import sys
 
+from keras_skipinit import files
 from keras_skipinit.sweep import protocol
 
 LOG = "runs.jsonl"
@@ -98,3 +99,19 @@ def append(path, record):
         f.write((("" if fresh else "\n") + json.dumps(files.strict_json(record)) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_summary(folder, flag):
+    """A sweep folder's summary.json as (settings, cells) for `flag` (a
+    --beside or --compare_to folder); unreadable or not a sweep's: a
+    one-line error naming the file and how to write it."""
+    path = os.path.join(folder, "summary.json")
+    try:
+        summary = files.read_json(path)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}; write it first with that sweep's --report_only") from None
+    settings, cells = (summary.get("settings"), summary.get("cells")) if isinstance(summary, dict) else (None, None)
+    if not (isinstance(settings, dict) and isinstance(cells, dict)):
+        raise ValueError(f"{flag}: {path} is not a sweep's summary.json (no settings and cells); write it with that "
+                         "sweep's --report_only")
+    return settings, cells

@@ -178,10 +178,11 @@ def plot_edges(details, args, borrowed=None):
     _save_figure(fig, os.path.join(args.out, "sweep.png"))
 
 
-def plot_survival(details, args):
+def plot_survival(details, args, compared=None):
     """Per method and depth, the fraction of seeds that trained against the
     log2 rate (by accuracy: filled; by accuracy and loss: open), with the
-    95% intervals as bars."""
+    95% intervals as bars; with `compared` (--compare_to), that sweep's
+    curves of the same cells in gray."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, key in enumerate(args.methods):
@@ -200,6 +201,13 @@ def plot_survival(details, args):
                 ax.errorbar(x + shift, fraction, yerr=spread, fmt=marker, capsize=2,
                             color=f"C{i}", alpha=1.0 if j == 0 else 0.6, mfc="white" if shift > 0 else None,
                             label=label if shift < 0 else None)
+    for name, cell in (compared or {}).get("cells", {}).items():
+        if name in details and "rates" in cell:
+            x = [math.log2(r["lr"]) for r in cell["rates"]]
+            for trained, style in (("trained", "o-"), ("trained_by_loss", "s--")):
+                ax.plot(x, [r[trained] / r["runs"] for r in cell["rates"]], style, color="gray", alpha=0.6,
+                        mfc="white" if trained != "trained" else None,
+                        label=f"{METHOD_SETTINGS[name.split('/')[0]][0]}, {compared['folder']}" if trained == "trained" else None)
     ax.axhline(0.5, color="gray", lw=0.8, ls=":")
     ax.set_xlabel("log2 learning rate")
     ax.set_ylabel("fraction of seeds that trained")

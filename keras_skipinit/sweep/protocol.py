@@ -205,6 +205,40 @@ def half_rates(rows, by_loss=False):
             half_rate(x, [r[interval][1] for r in rows]))
 
 
+def half_rate_draws(rows, by_loss=False, draws=4000, seed=0):
+    """Draws of a cell's `half_rate` from the Jeffreys posterior of each
+    rate's fraction (Beta(k + 1/2, n - k + 1/2), rates independent): a rate
+    where 10 of 10 trained still may not, so a sharp fall has a width. A draw
+    that never falls through 1/2 on the grid is +inf (half train above it)
+    or -inf (below it)."""
+    trained = "trained_by_loss" if by_loss else "trained"
+    x = [math.log2(r["lr"]) for r in rows]
+    k, n = np.array([r[trained] for r in rows], float), np.array([r["runs"] for r in rows], float)
+    fractions = np.random.default_rng(seed).beta(k + 0.5, n - k + 0.5, size=(draws, len(rows)))
+    out = np.empty(draws)
+    for i, f in enumerate(fractions):
+        half = half_rate(x, f)
+        out[i] = half if half is not None else (math.inf if f[-1] >= 0.5 else -math.inf)
+    return out
+
+
+def half_rate_shift(rows, base_rows, by_loss=False, draws=4000, seed=0):
+    """How far a factor moves the rate where half train, in octaves: the
+    `half_rate` of `rows` minus that of `base_rows` (None where either is
+    off its grid), and a 95% interval from the two cells' independent
+    `half_rate_draws` (a bound None: beyond the grids; a draw off both grids
+    on one side counts against both bounds)."""
+    x = lambda cell: [math.log2(r["lr"]) for r in cell]
+    trained = "trained_by_loss" if by_loss else "trained"
+    here, there = (half_rate(x(c), [r[trained] / r["runs"] for r in c]) for c in (rows, base_rows))
+    shift = None if here is None or there is None else here - there
+    with np.errstate(invalid="ignore"):  # inf - inf: unknown
+        d = half_rate_draws(rows, by_loss, draws, seed) - half_rate_draws(base_rows, by_loss, draws, seed + 1)
+    low = np.quantile(np.where(np.isnan(d), -np.inf, d), 0.025, method="inverted_cdf")
+    high = np.quantile(np.where(np.isnan(d), np.inf, d), 0.975, method="inverted_cdf")
+    return shift, (float(low) if np.isfinite(low) else None), (float(high) if np.isfinite(high) else None)
+
+
 def base_lrs(settings, key, batch):
     """A cell's first grid: --lrs, or the octaves either side of the method's
     --centre_log2_lrs entry (--protocol=survival: seven rates half an octave

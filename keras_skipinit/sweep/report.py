@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from keras_skipinit import files
-from keras_skipinit.sweep import plots
+from keras_skipinit.sweep import factors, log, plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
@@ -169,16 +169,10 @@ def load_beside(folders, args):
                          f"not --protocol={args.protocol}")
     sweeps = []
     for folder in folders:
-        path = os.path.join(folder, "summary.json")
-        try:
-            summary = files.read_json(path)
-        except ValueError as e:
-            raise ValueError(f"--beside: {e}; write it first with that sweep's --report_only") from None
-        settings, cells = (summary.get("settings"), summary.get("cells")) if isinstance(summary, dict) else (None, None)
-        if not (isinstance(settings, dict) and isinstance(cells, dict)
-                and {"depths", "best_k", "seeds"} <= set(settings)):
-            raise ValueError(f"--beside: {path} is not a sweep's summary.json (no settings with depths, best_k and "
-                             "seeds, and cells); write it with that sweep's --report_only")
+        settings, cells = log.read_summary(folder, "--beside")
+        if not {"depths", "best_k", "seeds"} <= set(settings):
+            raise ValueError(f"--beside: {os.path.join(folder, 'summary.json')} is not a sweep's summary.json (no "
+                             "settings with depths, best_k and seeds); write it with that sweep's --report_only")
         # Its depths, seeds and methods may differ; a setting newer than its summary is not compared.
         differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here"
                   for k in ("protocol", "batch_sizes", "micro_batch_size", "chance", *EXPERIMENT)
@@ -223,10 +217,11 @@ def converged_table(runs, args):
     return "\n".join(lines), details
 
 
-def survival_table(runs, args):
+def survival_table(runs, args, compared=None):
     """Per method, depth and rate: the fraction of seeds that trained, by
     accuracy and by accuracy and training loss, with 95% Wilson intervals;
-    per cell the log2 rate where half train (`protocol.half_rates`)."""
+    per cell the log2 rate where half train (`protocol.half_rates`); with
+    `compared` (`factors.load`), the factor's shifts (`factors.table`)."""
     limit = math.log(args.classes) - LOSS_MARGIN
     lines = ["| method | depth | rate | trained (acc.) | 95% interval | trained (acc. and loss) | 95% interval |",
              "|---|---|---|---|---|---|---|"]
@@ -253,6 +248,8 @@ def survival_table(runs, args):
             f"{args.batch_sizes[0]}, {args.epochs} epoch(s)\n\n" + "\n".join(lines) +
             "\n\nThe log2 rate where half the seeds train (linear between grid points; its interval: the same "
             "crossing of the intervals' bounds; beyond the grid: —)\n\n" + "\n".join(halves) + "\n")
+    if compared:
+        text += "\n" + factors.table(details, compared)
     return text, details
 
 
@@ -351,8 +348,9 @@ def report(runs, args):
         text, details, borrowed = edge_table(runs, args, load_beside(args.beside, args))
         plots.plot_edges(details, args, borrowed)
     elif args.protocol == SURVIVAL:
-        text, details = survival_table(runs, args)
-        plots.plot_survival(details, args)
+        compared = factors.load(args.compare_to, args)
+        text, details = survival_table(runs, args, compared)
+        plots.plot_survival(details, args, compared)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args))
         text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"

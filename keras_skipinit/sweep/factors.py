@@ -1,0 +1,70 @@
+"""A factor's size on the survival curves (--compare_to): per method and
+depth, how far the settings this sweep changed move the rate where half the
+seeds train, against another survival sweep (its folder's summary.json),
+with a 95% interval (`protocol.half_rate_shift`). The budget issue's item 2:
+factor sizes with intervals, not grid steps."""
+
+from keras_skipinit.sweep import log
+from keras_skipinit.sweep.presets import METHOD_SETTINGS
+from keras_skipinit.sweep.protocol import EXPERIMENT, SURVIVAL, half_rate_shift
+
+SAME_CRITERIA = ("protocol", "chance", "classes", "batch_sizes", "micro_batch_size")  # else not one curve's kind
+
+
+def load(folder, args):
+    """--compare_to's sweep: {"folder", "factor" (what differs, as text),
+    "cells"}; None without the flag. A folder that is not a survival sweep,
+    or one that counts "trained" otherwise, is refused (before any run)."""
+    if not folder:
+        return None
+    if args.protocol != SURVIVAL:
+        raise ValueError(f"--compare_to: only --protocol={SURVIVAL} sweeps compare half-train rates, "
+                         f"not --protocol={args.protocol}")
+    settings, cells = log.read_summary(folder, "--compare_to")
+    if settings.get("protocol") != SURVIVAL:
+        raise ValueError(f"--compare_to: {folder} holds a --protocol={settings.get('protocol')} sweep, not a "
+                         f"{SURVIVAL} one")
+    differ = [f"--{k}={settings.get(k)} there, {getattr(args, k)} here" for k in SAME_CRITERIA
+              if k in settings and settings[k] != getattr(args, k)]
+    if differ:
+        raise ValueError(f"--compare_to: {folder} counts seeds otherwise ({'; '.join(differ)})")
+    factor = [f"{k} {_shown(settings.get(k))} -> {_shown(getattr(args, k))}" for k in EXPERIMENT
+              if hasattr(args, k) and k in settings and settings[k] != getattr(args, k)]
+    return {"folder": folder, "factor": ", ".join(factor) or "none (the same settings)", "cells": cells}
+
+
+def _shown(value):
+    return "default" if value is None else value
+
+
+def table(details, compared):
+    """The factor's rows (and each cell's `shift_log2`, `shift_log2_by_loss`
+    added to `details`): per cell both sweeps ran, the half-train rates there
+    and here and the shift with its interval, by accuracy and by accuracy
+    and loss."""
+    lines = [f"The factor against {compared['folder']} ({compared['factor']}): how far the rate where half the seeds "
+             "train moves, in octaves (here minus there; 95% interval from 4,000 draws of each rate's fraction from "
+             "its Jeffreys posterior, Beta(k + 1/2, n - k + 1/2); beyond the grids: —)", "",
+             "| method | depth | half train there / here (acc.) | shift | 95% interval "
+             "| there / here (acc. and loss) | shift | 95% interval |", "|---|---|---|---|---|---|---|---|"]
+    for name, cell in details.items():
+        base = compared["cells"].get(name)
+        if not base or "rates" not in base:
+            continue
+        key, depth = name.split("/depth")
+        row = f"| {METHOD_SETTINGS[key][0]} | {depth} |"
+        for by_loss, half in ((False, "half_log2"), (True, "half_log2_by_loss")):
+            shift = half_rate_shift(cell["rates"], base["rates"], by_loss)
+            cell["shift_log2_by_loss" if by_loss else "shift_log2"] = list(shift)
+            row += (f" {_log2(base[half][0])} / {_log2(cell[half][0])} | {_octaves(shift[0])} | "
+                    f"{_octaves(shift[1])} .. {_octaves(shift[2])} |")
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def _log2(value):
+    return "—" if value is None else f"2^{value:.2f}"
+
+
+def _octaves(value):
+    return "—" if value is None else f"{value:+.2f}"
