@@ -412,6 +412,25 @@ def test_every_presets_documented_command_reports_its_committed_runs_unchanged(t
     assert len(reported) >= 8
 
 
+def test_the_budget_figure_redraws_from_the_committed_summaries_unchanged(tmp_path):
+    """docs/budget/budget.png is what docs/budget/figure.py draws from the committed sweeps (rerun after a
+    folder gains runs), with a best rate and an edge for both methods at every budget folder."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("budget_figure", os.path.join(ROOT, "docs", "budget", "figure.py"))
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    found = figure.main(str(tmp_path / "budget.png"))
+    for method in figure.METHODS:
+        for updates in (150, 600):
+            assert {"best"} <= {p[3] for p in found if p[:3] == (method, 16, updates)} and \
+                {p[3] for p in found if p[:3] == (method, 16, updates)} & {"edge", "edge >="}, (method, updates)
+    with open(os.path.join(ROOT, "docs", "budget", "budget.png"), "rb") as f:
+        committed = f.read()
+    if f"version{matplotlib.__version__},".encode() in committed:  # drawn by this matplotlib: the same bytes
+        assert (tmp_path / "budget.png").read_bytes() == committed
+
+
 @pytest.mark.heavy
 def test_cifar_resnet_sweep_end_to_end_and_one_model_per_out(tmp_path, capsys):
     args = ["--model=cifar_resnet", "--depths=8", "--methods=fixup,fixup_torch_stem", "--lrs=0.1", "--seeds=1",
