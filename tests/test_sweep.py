@@ -9,7 +9,7 @@ import matplotlib
 import pytest
 
 from keras_skipinit import machine, sweep, training
-from keras_skipinit.sweep import presets, protocol, runner
+from keras_skipinit.sweep import factors, presets, protocol, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,7 +206,7 @@ def test_wilson_intervals_and_the_half_rate_match_a_hand_computation():
 def test_a_factors_shift_of_the_half_rate_and_its_interval_shrink_with_seeds():
     """The budget issue's factor sizes: the same survival counts one octave higher shift the half rate by
     exactly +1 (hand computation); its 95% interval holds it and narrows from 10 to 1,000 seeds a rate; a
-    cell that never falls to half on its grid has no shift and no bounds."""
+    cell that never falls to half on its grid has no shift and no bounds. Two methods' gap is the same shift."""
     def cell(log2s, trained, n):
         return [{"lr": 2.0**x, "runs": n, "trained": round(f * n), "trained_by_loss": round(f * n)}
                 for x, f in zip(log2s, trained)]
@@ -218,6 +218,11 @@ def test_a_factors_shift_of_the_half_rate_and_its_interval_shrink_with_seeds():
             assert high - low > 0.3  # ten seeds a rate cannot place a half rate to a tenth of an octave
     shift, low, high = protocol.half_rate_shift(cell(x, [1, 1, 1, 1, 1], 10), cell(x, fractions, 10))
     assert (shift, low, high) == (None, None, None)  # it halves above its grid: the shift's size is unknown
+    # Between two methods of one sweep, the same shift: the second's half rate minus the first's.
+    details = {f"{key}/depth16": {"rates": cell([v + d for v in x], fractions, 10), "half_log2": [-4 + d, None, None],
+                                  "half_log2_by_loss": [-4 + d, None, None]} for key, d in (("skipinit", 0), ("batchnorm", 5))}
+    table = factors.between_methods(details, ["skipinit", "batchnorm"], [16])
+    assert "| Batch Normalization - SkipInit (alpha = 0) | 16 | 2^-4.00 / 2^1.00 | +5.00 |" in table
 
 
 def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(tmp_path, monkeypatch, capsys):

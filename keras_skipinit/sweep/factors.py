@@ -37,29 +37,55 @@ def _shown(value):
     return "default" if value is None else value
 
 
+INTERVAL = ("95% interval from 4,000 draws of each rate's fraction from its Jeffreys posterior, Beta(k + 1/2, "
+            "n - k + 1/2); beyond the grids: —")
+HEADER = ["| {} | depth | half train {} (acc.) | shift | 95% interval | {} (acc. and loss) | shift | 95% interval |",
+          "|---|---|---|---|---|---|---|---|"]
+
+
 def table(details, compared):
     """The factor's rows (and each cell's `shift_log2`, `shift_log2_by_loss`
     added to `details`): per cell both sweeps ran, the half-train rates there
     and here and the shift with its interval, by accuracy and by accuracy
     and loss."""
     lines = [f"The factor against {compared['folder']} ({compared['factor']}): how far the rate where half the seeds "
-             "train moves, in octaves (here minus there; 95% interval from 4,000 draws of each rate's fraction from "
-             "its Jeffreys posterior, Beta(k + 1/2, n - k + 1/2); beyond the grids: —)", "",
-             "| method | depth | half train there / here (acc.) | shift | 95% interval "
-             "| there / here (acc. and loss) | shift | 95% interval |", "|---|---|---|---|---|---|---|---|"]
+             f"train moves, in octaves (here minus there; {INTERVAL})", "",
+             HEADER[0].format("method", "there / here", "there / here"), HEADER[1]]
     for name, cell in details.items():
         base = compared["cells"].get(name)
-        if not base or "rates" not in base:
-            continue
-        key, depth = name.split("/depth")
-        row = f"| {METHOD_SETTINGS[key][0]} | {depth} |"
-        for by_loss, half in ((False, "half_log2"), (True, "half_log2_by_loss")):
-            shift = half_rate_shift(cell["rates"], base["rates"], by_loss)
-            cell["shift_log2_by_loss" if by_loss else "shift_log2"] = list(shift)
-            row += (f" {_log2(base[half][0])} / {_log2(cell[half][0])} | {_octaves(shift[0])} | "
-                    f"{_octaves(shift[1])} .. {_octaves(shift[2])} |")
-        lines.append(row)
+        if base and "rates" in base:
+            key, depth = name.split("/depth")
+            row, shifts = _row(METHOD_SETTINGS[key][0], depth, cell, base)
+            cell["shift_log2"], cell["shift_log2_by_loss"] = shifts
+            lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def between_methods(details, methods, depths):
+    """Per depth and pair of methods (in `methods`' order), how far apart
+    their half-train rates lie, with the same interval as a factor's."""
+    lines = [f"Between methods: how far apart their rates where half the seeds train lie, in octaves (the second "
+             f"minus the first; {INTERVAL})", "", HEADER[0].format("methods", "first / second", "first / second"),
+             HEADER[1]]
+    for depth in depths:
+        cells = [(key, details[f"{key}/depth{depth}"]) for key in methods if f"{key}/depth{depth}" in details]
+        for i, (first, there) in enumerate(cells):
+            for second, here in cells[i + 1 :]:
+                label = f"{METHOD_SETTINGS[second][0]} - {METHOD_SETTINGS[first][0]}"
+                lines.append(_row(label, depth, here, there)[0])
+    return "\n".join(lines) + "\n"
+
+
+def _row(label, depth, cell, base):
+    """A table row of `cell`'s half-train rates against `base`'s, by
+    accuracy and by accuracy and loss, and the two (shift, low, high)."""
+    row, shifts = f"| {label} | {depth} |", []
+    for by_loss, half in ((False, "half_log2"), (True, "half_log2_by_loss")):
+        shift = half_rate_shift(cell["rates"], base["rates"], by_loss)
+        shifts.append(list(shift))
+        row += (f" {_log2(base[half][0])} / {_log2(cell[half][0])} | {_octaves(shift[0])} | "
+                f"{_octaves(shift[1])} .. {_octaves(shift[2])} |")
+    return row, shifts
 
 
 def _log2(value):

@@ -248,6 +248,8 @@ def survival_table(runs, args, compared=None):
             f"{args.batch_sizes[0]}, {args.epochs} epoch(s)\n\n" + "\n".join(lines) +
             "\n\nThe log2 rate where half the seeds train (linear between grid points; its interval: the same "
             "crossing of the intervals' bounds; beyond the grid: —)\n\n" + "\n".join(halves) + "\n")
+    if len(details) > 1:
+        text += "\n" + factors.between_methods(details, args.methods, args.depths)
     if compared:
         text += "\n" + factors.table(details, compared)
     return text, details
