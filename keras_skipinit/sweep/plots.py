@@ -192,7 +192,8 @@ def plot_survival(details, args, compared=None):
                 continue
             rows = cell["rates"]
             x = np.array([math.log2(r["lr"]) for r in rows])
-            label = METHOD_SETTINGS[key][0] + (f", depth {depth}" if len(args.depths) > 1 else "")
+            label = (METHOD_SETTINGS[key][0] + (f", depth {depth}" if len(args.depths) > 1 else "")
+                     + (f" ({compared['factor']})" if compared else ""))
             for trained, interval, marker, shift in (("trained", "interval", "o-", -0.03),
                                                      ("trained_by_loss", "interval_by_loss", "s--", 0.03)):
                 fraction = np.array([r[trained] / r["runs"] for r in rows])

@@ -99,14 +99,22 @@ def survival():
     run): per learning rate, the fraction of 10 seeds that train, with 95%
     Wilson intervals, by test accuracy and by training loss too, and the rate
     where half train; seven rates half an octave apart around each method's
-    edge in docs/stability_edge. The factors go in folders of their own
-    (`--methods=skipinit --preprocessing=mean_std`, `--methods=fixup
-    --mixup_alpha=1 --l2=5e-5`).
+    edge in docs/stability_edge. The factors in folders of their own, each
+    compared to the base (--compare_to: the half-train rate's shift with a
+    95% interval); per-channel normalization's fall reached the grid's top,
+    so its folder has 2^-2 and 2^-1.5 too (the second command):
 
         python -m keras_skipinit.sweep --preset=survival --out=docs/survival
+        python -m keras_skipinit.sweep --preset=survival --methods=skipinit \\
+            --preprocessing=mean_std --out=docs/survival/mean_std --compare_to=docs/survival
+        python -m keras_skipinit.sweep --preset=survival --methods=skipinit \\
+            --preprocessing=mean_std --out=docs/survival/mean_std --compare_to=docs/survival \\
+            --centre_log2_lrs=fixup=-3 --log2_lrs=-2,-1.5
+        python -m keras_skipinit.sweep --preset=survival --methods=fixup --mixup_alpha=1 \\
+            --l2=5e-5 --out=docs/survival/fixup_authors_recipe --compare_to=docs/survival
 
-    210 runs of 20-90 s on 2 CPU cores, done (the factors: 140 more, to
-    come; rerun to resume). Budget and results: docs/survival/README.md."""
+    210 + 90 + 70 runs of 20-90 s on 2 CPU cores, done (rerun to resume).
+    Budget and results: docs/survival/README.md."""
     return {**stability_edge(), "protocol": "survival", "depths": [16], "methods": ["skipinit", "fixup", "batchnorm"],
             "seeds": 10, "best_k": 1, "centre_log2_lrs": dict(skipinit=-4, fixup=-3, batchnorm=2)}
 
