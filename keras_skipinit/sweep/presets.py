@@ -136,6 +136,25 @@ def budget():
     return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
 
 
+def budget_long():
+    """The optimum against the budget at 2,400 updates (16 passes over the
+    budget preset's 9,600 images, the same schedule's shape), WRN-16-1,
+    SkipInit (alpha = 0) and BatchNorm: each rate chosen on 5,000 held-out
+    training images (the converged protocol's rule, best 2 of 3 seeds; the
+    grid around the 600-update optima, extended until interior), then 3
+    final seeds at it, test accuracy reported.
+
+        python -m keras_skipinit.sweep --preset=budget_long --out=docs/budget/updates2400
+
+    ~24 runs of ~11 (SkipInit) to ~20 (BatchNorm) min on 2 AVX2-only CPU
+    cores: ~6 h, in progress over sessions (rerun to resume; a run killed
+    mid-way resumes from its last epoch where its --runs_dir survives).
+    Budget and results: docs/budget/README.md."""
+    return {**budget(), "protocol": "converged", "methods": ["skipinit", "batchnorm"], "epochs": 16,
+            "validation_examples": 5000, "final_seeds": 3,
+            "centre_log2_lrs": dict(skipinit=-4, batchnorm=-3)}
+
+
 def fixup_fig3():
     """Fixup §4.1 Fig. 3: one epoch at lr 0.1 against depth (WRN-16/52/100-1,
     32,000 Fashion-MNIST images), 3 seeds, six methods.
@@ -264,6 +283,6 @@ def quantization_fashion_mnist():
 
 
 PRESETS = {f.__name__: f for f in (
-    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, survival, budget, fixup_fig3, fixup_fig3_cifar_resnet,
+    skipinit_table1, skipinit_table1_deep, stability_edge, stability_edge_deep, survival, budget, budget_long, fixup_fig3, fixup_fig3_cifar_resnet,
     fixup_fig3_wrn_full_epoch, table1_converged_epochs, table1_converged, table1_converged_deep,
     batch_scaling_fashion_mnist, batch_scaling_cifar10, quantization_fashion_mnist)}
