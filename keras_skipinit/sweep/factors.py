@@ -6,7 +6,7 @@ factor sizes with intervals, not grid steps."""
 
 from keras_skipinit.sweep import log
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
-from keras_skipinit.sweep.protocol import EXPERIMENT, SURVIVAL, half_rate_shift
+from keras_skipinit.sweep.protocol import EXPERIMENT, SURVIVAL, half_rate_shift, log2_label
 
 SAME_CRITERIA = ("protocol", "chance", "classes", "batch_sizes", "micro_batch_size")  # else not one curve's kind
 
@@ -83,13 +83,9 @@ def _row(label, depth, cell, base):
     for by_loss, half in ((False, "half_log2"), (True, "half_log2_by_loss")):
         shift = half_rate_shift(cell["rates"], base["rates"], by_loss)
         shifts.append(list(shift))
-        row += (f" {_log2(base[half][0])} / {_log2(cell[half][0])} | {_octaves(shift[0])} | "
+        row += (f" {log2_label(base[half][0])} / {log2_label(cell[half][0])} | {_octaves(shift[0])} | "
                 f"{_octaves(shift[1])} .. {_octaves(shift[2])} |")
     return row, shifts
-
-
-def _log2(value):
-    return "—" if value is None else f"2^{value:.2f}"
 
 
 def _octaves(value):

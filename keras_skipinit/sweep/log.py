@@ -91,8 +91,6 @@ def append(path, record):
     writer moves on (a kill leaves at most an incomplete last line). It
     starts on a line of its own, also after a file whose last record has no
     newline (edited by hand): glued onto it, both would read as one torn line."""
-    from keras_skipinit import files
-
     with open(path, "a+b") as f:
         f.seek(0, os.SEEK_END)
         fresh = f.tell() == 0 or (f.seek(-1, os.SEEK_END), f.read(1))[1] == b"\n"

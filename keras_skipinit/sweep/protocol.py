@@ -34,6 +34,11 @@ def lr_label(lr):
     return f"2^{octaves:g}" if abs(log2 - octaves) < 1e-5 else f"{lr:g}"
 
 
+def log2_label(value):
+    """A log2 rate as the survival tables show it ('2^-3.50'; None: '—', off the grid)."""
+    return "—" if value is None else f"2^{value:.2f}"
+
+
 def ident(key, depth, batch, lr, seed, phase=SELECT):
     return key, depth, batch, lr_key(lr), seed, phase
 
@@ -228,9 +233,9 @@ def half_rate_shift(rows, base_rows, by_loss=False, draws=4000, seed=0):
     off its grid), and a 95% interval from the two cells' independent
     `half_rate_draws` (a bound None: beyond the grids; a draw off both grids
     on one side counts against both bounds)."""
-    x = lambda cell: [math.log2(r["lr"]) for r in cell]
     trained = "trained_by_loss" if by_loss else "trained"
-    here, there = (half_rate(x(c), [r[trained] / r["runs"] for r in c]) for c in (rows, base_rows))
+    here, there = (half_rate([math.log2(r["lr"]) for r in c], [r[trained] / r["runs"] for r in c])
+                   for c in (rows, base_rows))  # the counts alone: `half_rates` also needs each rate's interval
     shift = None if here is None or there is None else here - there
     with np.errstate(invalid="ignore"):  # inf - inf: unknown
         d = half_rate_draws(rows, by_loss, draws, seed) - half_rate_draws(base_rows, by_loss, draws, seed + 1)

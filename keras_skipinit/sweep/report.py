@@ -12,8 +12,8 @@ from keras_skipinit.sweep import factors, log, plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
-                                           half_rates, in_cell, lr_label, run_ident, stability_edge, summarize, survival,
-                                           trained)
+                                           half_rates, in_cell, log2_label, lr_label, run_ident, stability_edge, summarize,
+                                           survival, trained)
 
 
 def protocol_batch(run):
@@ -239,8 +239,8 @@ def survival_table(runs, args, compared=None):
                              f"{_percent(r['interval'])} | {r['trained_by_loss']}/{r['runs']} | "
                              f"{_percent(r['interval_by_loss'])} |")
             accuracy, loss = half_rates(rows), half_rates(rows, by_loss=True)
-            halves.append(f"| {METHOD_SETTINGS[key][0]} | {depth} | {_log2(accuracy[0])} | {_span(accuracy)} | "
-                          f"{_log2(loss[0])} | {_span(loss)} |")
+            halves.append(f"| {METHOD_SETTINGS[key][0]} | {depth} | {log2_label(accuracy[0])} | {_span(accuracy)} | "
+                          f"{log2_label(loss[0])} | {_span(loss)} |")
             details[f"{key}/depth{depth}"] = {"rates": rows, "half_log2": list(accuracy), "half_log2_by_loss": list(loss)}
     text = (f"Survival: per learning rate, the runs that trained of {args.seeds} seeds: by accuracy (finite loss, test "
             f"accuracy above {100 * args.chance:g}%), and by accuracy and loss (also a final training cross-entropy "
@@ -259,13 +259,9 @@ def _percent(interval):
     return f"{100 * interval[0]:.0f}-{100 * interval[1]:.0f}%"
 
 
-def _log2(value):
-    return "—" if value is None else f"2^{value:.2f}"
-
-
 def _span(half):
     _, low, high = half
-    return f"{_log2(low)} .. {_log2(high)}"
+    return f"{log2_label(low)} .. {log2_label(high)}"
 
 
 def _accuracies(runs, args):
