@@ -619,9 +619,32 @@ def test_converged_protocol_chooses_the_lr_on_validation_then_trains_final_seeds
     assert configs == []
 
 
-def test_converged_protocol_needs_a_validation_split_and_final_seeds(tmp_path):
+def test_converged_protocol_needs_a_validation_split(tmp_path):
     with pytest.raises(SystemExit):
         sweep.main(["--protocol=converged", "--final_seeds=3", f"--out={tmp_path}"])
+
+
+def test_a_cells_rates_chosen_in_separate_sweeps_then_merged_give_the_one_sweeps_final_runs(tmp_path, monkeypatch):
+    """--final_seeds=0 chooses only: one sweep per rate (the GPU step runs them at once), their runs.jsonl
+    merged, then the whole grid's call runs nothing but the final seeds at the rate one sweep chooses."""
+    calls = []
+    fake_training(monkeypatch, fake_train(calls))
+    common = ["--protocol=converged", "--depths=10", "--methods=skipinit", "--seeds=2", "--best_k=1",
+              "--validation_examples=100"]
+    sweep.main([*common, "--log2_lrs=-8,-7,-6", "--final_seeds=2", f"--out={tmp_path}/one"])
+    one = sorted(calls)
+    calls.clear()
+    for k in (-8, -7, -6):
+        sweep.main([*common, f"--log2_lrs={k}", "--final_seeds=0", f"--out={tmp_path}/rate{k}"])
+    assert len(calls) == 6  # 3 rates x 2 seeds, no final run
+    assert "no final runs (--final_seeds=0: choosing only)" in (tmp_path / "rate-7" / "table.md").read_text()
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "merged" / "runs.jsonl").write_text("".join((tmp_path / f"rate{k}" / "runs.jsonl").read_text()
+                                                            for k in (-8, -7, -6)))
+    sweep.main([*common, "--log2_lrs=-8,-7,-6", "--final_seeds=2", f"--out={tmp_path}/merged"])
+    assert [(round(math.log2(lr)), seed) for _, lr, seed, _ in calls[6:]] == [(-7, 0), (-7, 1)]
+    assert sorted(calls) == one
+    assert (tmp_path / "merged" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
 
 
 def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypatch):

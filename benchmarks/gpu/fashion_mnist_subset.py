@@ -1,9 +1,11 @@
-"""Writes Fashion-MNIST's first N training images and all its test images,
-in TFDS's order, as gzipped IDX files (the format of the original download),
-so that a machine without TensorFlow reads through `numpy_data.idx_images`
-exactly the examples a TensorFlow run takes with --train_examples=N.
+"""Writes Fashion-MNIST's first N training images, then its last V (the
+images --validation_examples=V holds out), and all its test images, in TFDS's
+order, as gzipped IDX files (the format of the original download), so that a
+machine without TensorFlow reads through `numpy_data.idx_images` exactly the
+examples a TensorFlow run takes with --train_examples=N, with or without
+--validation_examples=V (the last V of the file are the last V of the split).
 
-    python benchmarks/gpu/fashion_mnist_subset.py .gpu/fashion-mnist --train_examples=9600
+    python benchmarks/gpu/fashion_mnist_subset.py .gpu/fashion-mnist --train_examples=9600 --validation_examples=5000
 """
 
 import argparse
@@ -27,14 +29,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--train_examples", type=int, default=9600)
+    parser.add_argument("--validation_examples", type=int, default=0)
     args = parser.parse_args()
 
     from keras_skipinit import data, numpy_data
 
+    def arrays(ds):
+        return [np.stack(a) for a in zip(*data.as_tf_data(ds).as_numpy_iterator())]
+
     dataset = data.load("fashion_mnist", train_examples=args.train_examples)  # TensorFlow: TFDS, its order
+    train = arrays(dataset.train)
+    if args.validation_examples:
+        held_out = arrays(data.load("fashion_mnist", validation_examples=args.validation_examples).test)
+        train = [np.concatenate(pair) for pair in zip(train, held_out)]
     os.makedirs(args.folder, exist_ok=True)
-    for split, ds in (("train", dataset.train), ("t10k", dataset.test)):
-        images, labels = (np.stack(a) for a in zip(*data.as_tf_data(ds).as_numpy_iterator()))
+    for split, (images, labels) in (("train", train), ("t10k", arrays(dataset.test))):
         write_idx(args.folder, split, images, labels)
         back = numpy_data.idx_images(args.folder, split)
         assert np.array_equal(back[0], images) and np.array_equal(back[1], labels)

@@ -15,8 +15,11 @@
 #                   at depth 1000, mid_* at 100); MECH_S seconds, the sweeps at once
 #   STEPS=budget:   budget.txt, budget_runs.jsonl (docs/budget: SkipInit and BatchNorm at 600 updates, depth
 #                   100, one sweep per rate, all at once; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
-#                   other cells); BUDGET_S seconds. Append the returned lines to docs/budget/updates<N>_depth<D>/
-#                   runs.jsonl (N = 150 x epochs): a later call starts each sweep from that file
+#                   other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
+#                   held-out images, then budget_final.txt, budget_final_runs.jsonl: the final seeds at the
+#                   chosen rates (BUDGET_FINAL_S seconds). Append the returned lines to
+#                   docs/budget/updates<N>_depth<D>/runs.jsonl (N = 150 x epochs; budget_final_runs.jsonl holds
+#                   budget_runs.jsonl's): a later call starts each sweep from that file
 # Stop the CPU sweeps of those folders first (so that no cell runs twice); afterwards append each returned
 # runs.jsonl's new lines to its folder here and resume them.
 # Dry run on a CPU (a venv of ".[jax]", no install): SKIP_INSTALL=1 PY=python SWEEP_S=60 bash benchmarks/gpu/session.sh
@@ -29,7 +32,8 @@ START=$SECONDS
 log() { echo "[$((SECONDS - START)) s] $*" | tee -a "$OUT/session.txt"; }
 
 if [ -z "${SKIP_INSTALL:-}" ]; then
-  "$PY" -m pip install --quiet --no-index --find-links .gpu/wheels keras absl-py tensorboard h5py matplotlib \
+  { "$PY" -m pip install --quiet --no-index --find-links .gpu/wheels keras absl-py h5py matplotlib protobuf \
+    && "$PY" -m pip install --quiet --no-index --find-links .gpu/wheels --no-deps tensorboard; } \
     >> "$OUT/session.txt" 2>&1 || { log "pip install from .gpu/wheels failed"; exit 1; }
 fi
 export PYTHONPATH="$PWD" KERAS_BACKEND=jax JAX_DEFAULT_MATMUL_PRECISION=highest
@@ -114,19 +118,36 @@ step_mechanism() {  # issue 63: App. D.2's variants at depths 1000 and 100 (docs
 }
 
 step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget) beyond depth 16
-  local d e m r seeds=${BUDGET_SEEDS:-3}
+  # 600 updates (BUDGET_EPOCHS=4): --preset=budget, chosen on the test set as at depth 16. 2,400 (16):
+  # --preset=budget_long, chosen on 5,000 held-out images: the rates' sweeps choose only (--final_seeds=0),
+  # then one sweep per method over their merged runs runs its final seeds (BUDGET_FINAL_SEEDS) at the
+  # chosen rate, for what is left of BUDGET_FINAL_S.
+  local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
+  preset() { if [ "$1" -ge 16 ]; then echo budget_long; else echo budget; fi; }
   for d in ${BUDGET_DEPTHS:-100}; do  # 1000: BUDGET_DEPTHS=1000 (2 seeds there: BUDGET_SEEDS=2)
     for e in ${BUDGET_EPOCHS:-4}; do  # 4: 600 updates of batch 64 over 9,600 images; 16: 2,400
       # one process per rate, 3 seeds (best 2 of 3): rates around each method's 150-update optimum and edge
-      for m in ${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}; do
+      for m in $grids; do
         for r in $(echo "${m#*:}" | tr , ' '); do
-          echo "d${d}_e${e}_${m%%:*}_$r docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=budget" \
-            "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=$r --no-extend_grid --seeds=$seeds" \
-            "--best_k=$((seeds < 2 ? seeds : 2))"
+          echo "d${d}_e${e}_${m%%:*}_$r docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=$(preset "$e")" \
+            "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=$r --centre_log2_lrs= --no-extend_grid" \
+            "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0 ${BUDGET_FLAGS:-}"
         done
       done
     done
   done | AT_ONCE_S="${BUDGET_S:-540}" at_once budget
+  for d in ${BUDGET_DEPTHS:-100}; do
+    for e in ${BUDGET_EPOCHS:-4}; do
+      [ "$(preset "$e")" = budget_long ] || continue
+      cat "docs/budget/updates$((e * 150))_depth$d/runs.jsonl" /tmp/budget/d"${d}_e${e}"_*/runs.jsonl 2> /dev/null \
+        | awk '!seen[$0]++' > "/tmp/budget_d${d}_e$e.jsonl"
+      for m in $grids; do
+        echo "final_d${d}_e${e}_${m%%:*} /tmp/budget_d${d}_e$e.jsonl --preset=budget_long --depths=$d --epochs=$e" \
+          "--methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2))" \
+          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} ${BUDGET_FLAGS:-}"
+      done
+    done
+  done | { read -r line || exit 0; { echo "$line"; cat; } | AT_ONCE_S="${BUDGET_FINAL_S:-120}" at_once budget_final; }
 }
 
 for step in ${STEPS:-train fit edge table1}; do

@@ -88,7 +88,9 @@ def build_parser():
                         help="--protocol=survival: a run trained by loss ends below ln(classes) - 0.1 in training "
                         "cross-entropy")
     parser.add_argument("--final_seeds", type=int, default=0,
-                        help="then train this many seeds at each cell's best lr on all training images (test set)")
+                        help="then train this many seeds at each cell's best lr on all training images (test set); "
+                        "0 with a choosing protocol: choose only (a cell's rates can run as separate sweeps, whose "
+                        "runs.jsonl lines merged into one --out let a call with --final_seeds run the final seeds)")
     parser.add_argument("--centre_log2_lrs", type=_method_ints, default={},
                         help="per-method grid centre, e.g. batchnorm=-3,skipinit=-5: that method tries 2^(c-1..c+1)")
     parser.add_argument("--chosen_log2_lrs", type=_method_ints, default={},
@@ -144,8 +146,10 @@ def parse_args(argv=None):
         parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHOD_SETTINGS)}")
     if not 1 <= args.best_k <= args.seeds:
         parser.error("--best_k must be between 1 and --seeds")
-    if args.protocol in protocol.CHOOSING and not (args.validation_examples and args.final_seeds):
-        parser.error(f"--protocol={args.protocol} needs --validation_examples and --final_seeds")
+    if args.protocol in protocol.CHOOSING and not args.validation_examples:
+        parser.error(f"--protocol={args.protocol} chooses on held-out images: it needs --validation_examples")
+    if args.final_seeds < 0:
+        parser.error("--final_seeds must be >= 0")
     if min(args.batch_sizes) < 1 or (args.micro_batch_size is not None and args.micro_batch_size < 1):
         parser.error("--batch_sizes and --micro_batch_size must be positive")
     uneven = [b for b in args.batch_sizes if args.micro_batch_size and b > args.micro_batch_size

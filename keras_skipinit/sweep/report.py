@@ -338,9 +338,10 @@ def report(runs, args):
         plots.plot_batch_scaling(details, args)
     elif args.protocol == "converged":
         table, details = converged_table(runs, args)
+        then = (f"then {args.final_seeds} seeds on the full training set, test accuracy mean ± std" if args.final_seeds
+                else "no final runs (--final_seeds=0: choosing only)")
         text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
-                f"training images held out (best {args.best_k} of {args.seeds} per lr), then {args.final_seeds} "
-                f"seeds on the full training set, test accuracy mean ± std\n\n{table}\n")
+                f"training images held out (best {args.best_k} of {args.seeds} per lr), {then}\n\n{table}\n")
         plots.plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
     elif args.protocol == EDGE:
         text, details, borrowed = edge_table(runs, args, load_beside(args.beside, args))
