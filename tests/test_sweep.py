@@ -262,9 +262,9 @@ def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(
     # A factor in a folder of its own, one octave later: its table gives the shift against the first folder.
     fake_training(monkeypatch, lambda config: {**train(dataclasses.replace(config, learning_rate=config.learning_rate / 2)),
                                                "config": dataclasses.asdict(config)})
-    sweep.main([*args, "--preprocessing=mean_std", f"--out={tmp_path}/factor", f"--compare_to={tmp_path}"])
-    table = (tmp_path / "factor" / "table.md").read_text()
-    assert f"against {tmp_path} (preprocessing default -> mean_std)" in table
+    sweep.main([*args, "--preprocessing=mean_std", "--l2=5e-5", f"--out={tmp_path}/factor", f"--compare_to={tmp_path}"])
+    table = (tmp_path / "factor" / "table.md").read_text()  # a setting left unset: its value, train.py's default
+    assert f"against {tmp_path} (preprocessing default -> mean_std, l2 0.0005 (default) -> 5e-05)" in table
     assert "| SkipInit (alpha = 0) | 10 | 2^-4.00 / 2^-3.00 | +1.00 | " in table and "| 2^-4.75 / 2^-3.75 | +1.00 |" in table
     shift, low, high = json.loads((tmp_path / "factor" / "summary.json").read_text())["cells"]["skipinit/depth10"]["shift_log2"]
     assert shift == pytest.approx(1.0) and low < 1 < high and f"| {low:+.2f} .. {high:+.2f} |" in table

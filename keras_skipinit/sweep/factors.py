@@ -4,6 +4,9 @@ seeds train, against another survival sweep (its folder's summary.json),
 with a 95% interval (`protocol.half_rate_shift`). The budget issue's item 2:
 factor sizes with intervals, not grid steps."""
 
+import dataclasses
+
+from keras_skipinit import spec
 from keras_skipinit.sweep import log
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 from keras_skipinit.sweep.protocol import EXPERIMENT, SURVIVAL, half_rate_shift, log2_label
@@ -28,13 +31,21 @@ def load(folder, args):
               if k in settings and settings[k] != getattr(args, k)]
     if differ:
         raise ValueError(f"--compare_to: {folder} counts seeds otherwise ({'; '.join(differ)})")
-    factor = [f"{k} {_shown(settings.get(k))} -> {_shown(getattr(args, k))}" for k in EXPERIMENT
+    factor = [f"{k} {_shown(settings.get(k), k, settings.get('methods', []))} -> "
+              f"{_shown(getattr(args, k), k, args.methods)}" for k in EXPERIMENT
               if hasattr(args, k) and k in settings and settings[k] != getattr(args, k)]
     return {"folder": folder, "factor": ", ".join(factor) or "none (the same settings)", "cells": cells}
 
 
-def _shown(value):
-    return "default" if value is None else value
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(spec.Config)}
+
+
+def _shown(value, name, methods):
+    """A setting as the runs had it: a flag left unset is the method's value, else train.py's default."""
+    if value is not None:
+        return value
+    used = {str(METHOD_SETTINGS[m][1].get(name, _DEFAULTS.get(name))) for m in methods if m in METHOD_SETTINGS}
+    return "each method's default" if len(used) > 1 else f"{used.pop()} (default)" if used - {"None"} else "default"
 
 
 INTERVAL = ("95% interval from 4,000 draws of each rate's fraction from its Jeffreys posterior, Beta(k + 1/2, "
