@@ -121,9 +121,13 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
   # 600 updates (BUDGET_EPOCHS=4): --preset=budget, chosen on the test set as at depth 16. 2,400 (16):
   # --preset=budget_long, chosen on 5,000 held-out images: the rates' sweeps choose only (--final_seeds=0),
   # then one sweep per method over their merged runs runs its final seeds (BUDGET_FINAL_SEEDS) at the
-  # chosen rate, for what is left of BUDGET_FINAL_S.
+  # chosen rate, for BUDGET_FINAL_S seconds (both phases within one call: BUDGET_S defaults to 400 then).
+  # A run cut by a call's end starts over in the next (a fresh machine): at 2,400 updates run few rates
+  # at once (depth 100 took 8-62 s for 150 updates with twelve processes sharing the GPU: 2-16 min for 2,400).
   local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
+  local select_s=540
   preset() { if [ "$1" -ge 16 ]; then echo budget_long; else echo budget; fi; }
+  for e in ${BUDGET_EPOCHS:-4}; do [ "$(preset "$e")" = budget ] || select_s=400; done
   for d in ${BUDGET_DEPTHS:-100}; do  # 1000: BUDGET_DEPTHS=1000 (2 seeds there: BUDGET_SEEDS=2)
     for e in ${BUDGET_EPOCHS:-4}; do  # 4: 600 updates of batch 64 over 9,600 images; 16: 2,400
       # one process per rate, 3 seeds (best 2 of 3): rates around each method's 150-update optimum and edge
@@ -135,7 +139,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
         done
       done
     done
-  done | AT_ONCE_S="${BUDGET_S:-540}" at_once budget
+  done | AT_ONCE_S="${BUDGET_S:-$select_s}" at_once budget
   for d in ${BUDGET_DEPTHS:-100}; do
     for e in ${BUDGET_EPOCHS:-4}; do
       [ "$(preset "$e")" = budget_long ] || continue
