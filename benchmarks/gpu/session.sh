@@ -17,7 +17,8 @@
 #                   100, one sweep per rate, all at once; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
 #                   other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
 #                   held-out images, then budget_final.txt, budget_final_runs.jsonl: the final seeds at the
-#                   chosen rates (BUDGET_FINAL_S seconds). Append the returned lines to
+#                   chosen rates (BUDGET_FINAL_S seconds; BUDGET_FLAGS: more sweep flags on every line, e.g. a
+#                   dry run's --train_examples=320 --validation_examples=128). Append the returned lines to
 #                   docs/budget/updates<N>_depth<D>/runs.jsonl (N = 150 x epochs; budget_final_runs.jsonl holds
 #                   budget_runs.jsonl's): a later call starts each sweep from that file
 # Stop the CPU sweeps of those folders first (so that no cell runs twice); afterwards append each returned
