@@ -9,8 +9,9 @@ docs/budget/updates*/ folder). Rerun after a folder gains runs:
 It prints the points it draws. The best rate is the best 2 of 3 seeds' mean
 (`protocol.best_row`; on held-out images where the sweep chose so); the
 edge the largest rate where 2 of 3 trained (`protocol.stability_edge`),
-drawn as a lower bound where nothing above it failed yet. A cell with a
-rate still missing seeds (fewer than its sweep's --seeds) is left out (said)."""
+drawn as a lower bound where nothing above it failed yet. A cell of fewer
+than 3 rates (a grid not yet run) or with a rate still missing seeds (fewer
+than its sweep's --seeds) is left out (said)."""
 
 import glob
 import json
@@ -51,8 +52,9 @@ def points():
             chosen_on = "validation" if "validation_top1" in cell else "test"  # the converged protocol: held out
             rows = cell[f"{chosen_on}_top1"]
             seeds = {r["runs"] for r in rows}  # skipinit_table1's depth 1000 runs 2 seeds a rate throughout: complete
-            if len(seeds) > 1 or (folder != "docs/skipinit_table1" and seeds != {settings["seeds"]}):
-                print(f"{folder}: {name} is in progress (a rate with fewer than {settings['seeds']} seeds): not drawn")
+            if len(rows) < 3 or len(seeds) > 1 or (folder != "docs/skipinit_table1" and seeds != {settings["seeds"]}):
+                print(f"{folder}: {name} is in progress (fewer than 3 rates, or a rate with fewer than "
+                      f"{settings['seeds']} seeds): not drawn")
                 continue
             best = protocol.best_row(rows)
             if best:
