@@ -4,8 +4,6 @@ seeds train, against another survival sweep (its folder's summary.json),
 with a 95% interval (`protocol.half_rate_shift`). The budget issue's item 2:
 factor sizes with intervals, not grid steps."""
 
-import dataclasses
-
 from keras_skipinit import spec
 from keras_skipinit.sweep import log
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
@@ -37,15 +35,14 @@ def load(folder, args):
     return {"folder": folder, "factor": ", ".join(factor) or "none (the same settings)", "cells": cells}
 
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(spec.Config)}
-
-
 def _shown(value, name, methods):
     """A setting as the runs had it: a flag left unset is the method's value, else train.py's default."""
     if value is not None:
         return value
-    used = {str(METHOD_SETTINGS[m][1].get(name, _DEFAULTS.get(name))) for m in methods if m in METHOD_SETTINGS}
-    return "each method's default" if len(used) > 1 else f"{used.pop()} (default)" if used - {"None"} else "default"
+    used = {str(METHOD_SETTINGS[m][1].get(name, spec.FIELDS[name].default)) for m in methods if m in METHOD_SETTINGS}
+    if len(used) > 1:
+        return "each method's default"
+    return "default" if used <= {"None"} else f"{used.pop()} (default)"
 
 
 INTERVAL = ("95% interval from 4,000 draws of each rate's fraction from its Jeffreys posterior, Beta(k + 1/2, "
