@@ -634,10 +634,13 @@ def test_a_cells_rates_chosen_in_separate_sweeps_then_merged_give_the_one_sweeps
     sweep.main([*common, "--log2_lrs=-8,-7,-6", "--final_seeds=2", f"--out={tmp_path}/one"])
     one = sorted(calls)
     calls.clear()
+    (tmp_path / "rate-7").mkdir()
+    (tmp_path / "rate-7" / "curves.png").write_bytes(b"a drawing of final runs no longer in runs.jsonl")
     for k in (-8, -7, -6):
         sweep.main([*common, f"--log2_lrs={k}", "--final_seeds=0", f"--out={tmp_path}/rate{k}"])
     assert len(calls) == 6  # 3 rates x 2 seeds, no final run
     assert "no final runs (--final_seeds=0: choosing only)" in (tmp_path / "rate-7" / "table.md").read_text()
+    assert not (tmp_path / "rate-7" / "curves.png").exists()  # no final runs: no curves drawn, none left
     (tmp_path / "merged").mkdir()
     (tmp_path / "merged" / "runs.jsonl").write_text("".join((tmp_path / f"rate{k}" / "runs.jsonl").read_text()
                                                             for k in (-8, -7, -6)))
@@ -645,6 +648,24 @@ def test_a_cells_rates_chosen_in_separate_sweeps_then_merged_give_the_one_sweeps
     assert [(round(math.log2(lr)), seed) for _, lr, seed, _ in calls[6:]] == [(-7, 0), (-7, 1)]
     assert sorted(calls) == one
     assert (tmp_path / "merged" / "table.md").read_text() == (tmp_path / "one" / "table.md").read_text()
+
+
+def test_final_seed_start_makes_the_final_runs_new_seeds_not_the_selections_again(tmp_path, monkeypatch):
+    """--final_seed_start=--seeds: the final runs are seeds the selection did not train (from 0 they would
+    repeat its seeds, on the same images where --train_examples is below the split); a rerun resumes."""
+    calls = []
+    fake_training(monkeypatch, fake_train(calls))
+    args = ["--protocol=converged", "--depths=10", "--methods=skipinit", "--log2_lrs=-8,-7,-6", "--seeds=2",
+            "--best_k=1", "--validation_examples=100", "--final_seeds=2", "--final_seed_start=2", f"--out={tmp_path}"]
+    sweep.main(args)
+    assert [(round(math.log2(lr)), seed) for _, lr, seed, _ in calls[6:]] == [(-7, 2), (-7, 3)]
+    cell = json.loads((tmp_path / "summary.json").read_text())["cells"]["skipinit/depth10"]
+    assert cell["test_top1"] == pytest.approx([0.902, 0.903])  # the report's finals: seeds 2 and 3
+    calls.clear()
+    sweep.main(args)
+    assert calls == []
+    long = presets.budget_long()
+    assert long["final_seed_start"] == long["seeds"]  # the 2,400-update cell's finals are new draws
 
 
 def test_converged_protocol_with_a_given_rate_skips_selection(tmp_path, monkeypatch):

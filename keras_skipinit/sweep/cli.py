@@ -91,6 +91,10 @@ def build_parser():
                         help="then train this many seeds at each cell's best lr on all training images (test set); "
                         "0 with a choosing protocol: choose only (a cell's rates can run as separate sweeps, whose "
                         "runs.jsonl lines merged into one --out let a call with --final_seeds run the final seeds)")
+    parser.add_argument("--final_seed_start", type=int, default=0,
+                        help="the final runs' first seed: --seeds or above makes them new draws; from 0 they repeat the "
+                        "selection's seeds, which where both phases train on the same images (--train_examples below "
+                        "the split) reruns the selection runs on the test set")
     parser.add_argument("--centre_log2_lrs", type=_method_ints, default={},
                         help="per-method grid centre, e.g. batchnorm=-3,skipinit=-5: that method tries 2^(c-1..c+1)")
     parser.add_argument("--chosen_log2_lrs", type=_method_ints, default={},
@@ -148,8 +152,8 @@ def parse_args(argv=None):
         parser.error("--best_k must be between 1 and --seeds")
     if args.protocol in protocol.CHOOSING and not args.validation_examples:
         parser.error(f"--protocol={args.protocol} chooses on held-out images: it needs --validation_examples")
-    if args.final_seeds < 0:
-        parser.error("--final_seeds must be >= 0")
+    if args.final_seeds < 0 or args.final_seed_start < 0:
+        parser.error("--final_seeds and --final_seed_start must be >= 0")
     if min(args.batch_sizes) < 1 or (args.micro_batch_size is not None and args.micro_batch_size < 1):
         parser.error("--batch_sizes and --micro_batch_size must be positive")
     uneven = [b for b in args.batch_sizes if args.micro_batch_size and b > args.micro_batch_size

@@ -79,12 +79,15 @@ def plot_table1(details, args, borrowed=None):
 
 def plot_curves(runs, args, split):
     """curves.png: evaluation accuracy after each epoch, per method and depth,
-    mean over seeds with a band of ± one std."""
+    mean over seeds with a band of ± one std; none without curves (a drawing
+    of runs since taken out of runs.jsonl is removed)."""
     cells = {}
     for run in runs:
         if run.get("curve"):
             cells.setdefault((run["method"], run["depth"]), []).append(run["curve"])
     if not cells:
+        if os.path.exists(os.path.join(args.out, "curves.png")):
+            os.remove(os.path.join(args.out, "curves.png"))
         return
     plt = _plt()
     fig, axes = plt.subplots(1, len(args.depths), figsize=(6 * len(args.depths), 4.2), squeeze=False)

@@ -142,7 +142,9 @@ def budget_long():
     SkipInit (alpha = 0) and BatchNorm: each rate chosen on 5,000 held-out
     training images (the converged protocol's rule, best 2 of 3 seeds; the
     grid around the 600-update optima, extended until interior), then 3
-    final seeds at it, test accuracy reported.
+    final seeds at it, test accuracy reported. The finals are seeds 3-5:
+    both phases train on the same 9,600 images, so seeds 0-2 would repeat
+    the selection runs on the test set.
 
         python -m keras_skipinit.sweep --preset=budget_long --out=docs/budget/updates2400
 
@@ -151,7 +153,7 @@ def budget_long():
     mid-way resumes from its last epoch where its --runs_dir survives).
     Budget and results: docs/budget/README.md."""
     return {**budget(), "protocol": "converged", "methods": ["skipinit", "batchnorm"], "epochs": 16,
-            "validation_examples": 5000, "final_seeds": 3,
+            "validation_examples": 5000, "final_seeds": 3, "final_seed_start": 3,
             "centre_log2_lrs": dict(skipinit=-4, batchnorm=-3)}
 
 

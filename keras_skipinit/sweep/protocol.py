@@ -265,29 +265,30 @@ def cell_pending(settings, done, cell):
     key, depth, batch = cell
 
     def missing(lrs, seeds, phase=SELECT):  # exact rates (2^-9 trains at 2^-9); `done` is keyed by `ident`
-        return [(key, depth, batch, lr, seed, phase) for lr in lrs for seed in range(seeds)
+        return [(key, depth, batch, lr, seed, phase) for lr in lrs for seed in seeds
                 if ident(key, depth, batch, lr, seed, phase) not in done]
 
+    finals = range(settings.final_seed_start, settings.final_seed_start + settings.final_seeds)
     if key in settings.chosen_log2_lrs:  # no selection: the final runs at the given rate
-        return missing([2.0 ** settings.chosen_log2_lrs[key]], settings.final_seeds, FINAL)
+        return missing([2.0 ** settings.chosen_log2_lrs[key]], finals, FINAL)
     base = base_lrs(settings, key, batch)
     keyed = {lr_key(lr) for lr in base}
     selection = in_cell(done.values(), cell, SELECT)
     searching = settings.extend_grid or settings.protocol == EDGE
     added = sorted({r["lr"] for r in selection if lr_key(r["lr"]) not in keyed}) if searching else []
-    todo = missing(base + added, settings.seeds)
+    todo = missing(base + added, range(settings.seeds))
     if todo:
         return todo
     best, rows = summarize(selection, settings.best_k, settings.chance)
     if settings.protocol == EDGE:
         step = stability_edge(rows)[1]
-        return missing([2.0**step], settings.seeds) if step is not None else []
+        return missing([2.0**step], range(settings.seeds)) if step is not None else []
     if settings.extend_grid:
         step = next_log2_lr(best, rows)
         if step is not None:
-            return missing([2.0**step], settings.seeds)
+            return missing([2.0**step], range(settings.seeds))
     if settings.final_seeds and best:
-        return missing([best["lr"]], settings.final_seeds, FINAL)
+        return missing([best["lr"]], finals, FINAL)
     return []
 
 

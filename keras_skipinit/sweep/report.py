@@ -338,7 +338,10 @@ def report(runs, args):
         plots.plot_batch_scaling(details, args)
     elif args.protocol == "converged":
         table, details = converged_table(runs, args)
-        then = (f"then {args.final_seeds} seeds on the full training set, test accuracy mean ± std" if args.final_seeds
+        numbered = (f" ({args.final_seed_start}-{args.final_seed_start + args.final_seeds - 1})"
+                    if args.final_seed_start else "")
+        images = f"the same {args.train_examples} training images" if args.train_examples else "the full training set"
+        then = (f"then {args.final_seeds} seeds{numbered} on {images}, test accuracy mean ± std" if args.final_seeds
                 else "no final runs (--final_seeds=0: choosing only)")
         text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
                 f"training images held out (best {args.best_k} of {args.seeds} per lr), {then}\n\n{table}\n")
