@@ -131,8 +131,8 @@ def budget():
         python -m keras_skipinit.sweep --preset=budget --out=docs/budget/updates600
 
     21 runs of 165-300 s on 2 AVX2-only CPU cores (75 min); rerun to
-    resume. 2,400 updates (--epochs=16, rates chosen on held-out images) and
-    depth 100 (a lent GPU) are planned in docs/budget/README.md."""
+    resume. 2,400 updates: budget_long; depth 100 (a lent GPU) is planned in
+    docs/budget/README.md."""
     return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
 
 
@@ -148,10 +148,10 @@ def budget_long():
 
         python -m keras_skipinit.sweep --preset=budget_long --out=docs/budget/updates2400
 
-    ~24 runs of ~11 (SkipInit) to ~20 (BatchNorm) min on 2 AVX2-only CPU
-    cores: ~6 h, in progress over sessions (rerun to resume; a run killed
-    mid-way resumes from its last epoch where its --runs_dir survives).
-    Budget and results: docs/budget/README.md."""
+    24 runs of ~11 (SkipInit) to ~20 (BatchNorm) min alone on 2 AVX2-only
+    CPU cores, done over three sessions: 8.5 h of run time, two at once
+    (rerun to resume; a run killed mid-way resumes from its last epoch
+    where its --runs_dir survives). Budget and results: docs/budget/README.md."""
     return {**budget(), "protocol": "converged", "methods": ["skipinit", "batchnorm"], "epochs": 16,
             "validation_examples": 5000, "final_seeds": 3, "final_seed_start": 3,
             "centre_log2_lrs": dict(skipinit=-4, batchnorm=-3)}
