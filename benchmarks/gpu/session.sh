@@ -122,7 +122,8 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
   # 600 updates (BUDGET_EPOCHS=4): --preset=budget, chosen on the test set as at depth 16. 2,400 (16):
   # --preset=budget_long, chosen on 5,000 held-out images: the rates' sweeps choose only (--final_seeds=0),
   # then one sweep per method over their merged runs runs its final seeds (BUDGET_FINAL_SEEDS) at the
-  # chosen rate, for BUDGET_FINAL_S seconds (both phases within one call: BUDGET_S defaults to 400 then).
+  # chosen rate (seeds 3 on: the preset's --final_seed_start, new draws), for BUDGET_FINAL_S seconds (both
+  # phases within one call: BUDGET_S defaults to 400 then).
   # A run cut by a call's end starts over in the next (a fresh machine): at 2,400 updates run few rates
   # at once (depth 100 took 8-62 s for 150 updates with twelve processes sharing the GPU: 2-16 min for 2,400).
   local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
