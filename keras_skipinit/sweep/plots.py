@@ -81,13 +81,13 @@ def plot_curves(runs, args, split):
     """curves.png: evaluation accuracy after each epoch, per method and depth,
     mean over seeds with a band of ± one std; none without curves (a drawing
     of runs since taken out of runs.jsonl is removed)."""
-    cells = {}
+    path, cells = os.path.join(args.out, "curves.png"), {}
     for run in runs:
         if run.get("curve"):
             cells.setdefault((run["method"], run["depth"]), []).append(run["curve"])
     if not cells:
-        if os.path.exists(os.path.join(args.out, "curves.png")):
-            os.remove(os.path.join(args.out, "curves.png"))
+        if os.path.exists(path):
+            os.remove(path)
         return
     plt = _plt()
     fig, axes = plt.subplots(1, len(args.depths), figsize=(6 * len(args.depths), 4.2), squeeze=False)
@@ -111,7 +111,7 @@ def plot_curves(runs, args, split):
         low = [100 * min(c) for (k, d), cs in cells.items() if d == depth for c in cs]
         if low:
             ax.set_ylim(max(min(low) - 2, 100 * args.chance_level - 2), 100)
-    _save_figure(fig, os.path.join(args.out, "curves.png"))
+    _save_figure(fig, path)
 
 
 def _by_depth(details, args, key, i, spread):

@@ -326,22 +326,28 @@ def batch_scaling_table(runs, args):
     return "\n".join(lines), details
 
 
+def _finals(args):
+    """The choosing protocols' final runs in words: how many seeds, which
+    (where --final_seed_start moves them) and on which images."""
+    numbered = (f" ({args.final_seed_start}-{args.final_seed_start + args.final_seeds - 1})"
+                if args.final_seed_start else "")
+    images = f"the same {args.train_examples} training images" if args.train_examples else "the full training set"
+    return f"{args.final_seeds} seeds{numbered} on {images}"
+
+
 def report(runs, args):
     runs = [r for r in runs if r["method"] in args.methods and r["depth"] in args.depths
             and protocol_batch(r) in args.batch_sizes]
     if args.protocol == "batch_scaling":
         table, details = batch_scaling_table(runs, args)
         text = (f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size; learning rate "
-                f"chosen on {args.validation_examples} training images held out, then {args.final_seeds} seeds on "
-                f"the full training set (test accuracy, final training cross-entropy without L2: mean ± std)\n\n"
+                f"chosen on {args.validation_examples} training images held out, then {_finals(args)} (test accuracy, "
+                f"final training cross-entropy without L2: mean ± std)\n\n"
                 f"{table}\n")
         plots.plot_batch_scaling(details, args)
     elif args.protocol == "converged":
         table, details = converged_table(runs, args)
-        numbered = (f" ({args.final_seed_start}-{args.final_seed_start + args.final_seeds - 1})"
-                    if args.final_seed_start else "")
-        images = f"the same {args.train_examples} training images" if args.train_examples else "the full training set"
-        then = (f"then {args.final_seeds} seeds{numbered} on {images}, test accuracy mean ± std" if args.final_seeds
+        then = (f"then {_finals(args)}, test accuracy mean ± std" if args.final_seeds
                 else "no final runs (--final_seeds=0: choosing only)")
         text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
                 f"training images held out (best {args.best_k} of {args.seeds} per lr), {then}\n\n{table}\n")
