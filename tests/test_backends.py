@@ -2,8 +2,9 @@
 
 The backend is fixed per process, so these tests run JAX in subprocesses:
 the model and layer tests themselves under JAX (`JAX_SUBSET`, named in the
-README), `import keras_skipinit` with TensorFlow unimportable, and .keras
-files moving between TensorFlow and JAX with equal outputs.
+README), train.py's guarantees, and .keras files, checkpoints and exports
+moving between TensorFlow and JAX. What only a Python without TensorFlow
+can show is tests/test_without_tensorflow.py's (CI's third stage).
 """
 
 import importlib.util
@@ -24,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files whose numerics run backend code: the custom layers, every model family x every
 # normalization (build, forward, a training step, .keras round trip: tests/test_models.py), the
 # looped form's loop. The per-architecture files check structure and initialization that Keras'
-# functional API builds alike on every backend (one test per guarantee: CI time); LSUV and the
-# analysis' data run under JAX in test_import_and_models_without_tensorflow_under_jax.
+# functional API builds alike on every backend (one test per guarantee: CI time). Every method, LSUV
+# and the analysis' data without TensorFlow, and the sweep on JAX: CI's third stage (.ci/run), in a
+# venv where TensorFlow is not installed (tests/test_without_tensorflow.py, test_sweep.py).
 JAX_SUBSET = ["tests/test_layers.py", "tests/test_looped.py", "tests/test_models.py"]
 # The bottleneck ResNets (the models' code paths run at WRN/CIFAR size). Looped training through
 # train.py runs in JAX_TRAINING (two_devices).
@@ -74,38 +76,6 @@ def test_model_and_layer_tests_pass_under_jax(test_file):
                    fast_compile=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
-
-
-NO_TENSORFLOW = r"""
-import importlib.abc, sys
-class NoTensorFlow(importlib.abc.MetaPathFinder):  # as if TensorFlow were not installed
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, NoTensorFlow())
-import numpy as np, keras
-import keras_skipinit as ks
-from keras_skipinit import applications as apps
-assert keras.backend.backend() == "jax"
-x = np.random.default_rng(0).standard_normal((4, 16, 16, 3)).astype("float32")
-for n in ks.normalization.NORMALIZATIONS:
-    assert np.isfinite(np.asarray(apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=n)(x, training=True))).all()
-ks.lsuv.lsuv_init(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="none"), ks.analysis.real_digits(8))
-assert abs(float(ks.schedules.PaperSchedule("cifar", 1.0, 5, 4)(13)) - 2 ** -4) < 1e-9
-ks.training, ks.sweep, ks.train_cli  # the JAX route: no TensorFlow (data.numpy_feed)
-try:
-    ks.serving
-except ModuleNotFoundError:
-    print("ok: models and training without TensorFlow, export needs it")
-"""
-
-
-@pytest.mark.heavy
-def test_import_and_models_without_tensorflow_under_jax():
-    require_jax()
-    proc = run_jax(["-c", NO_TENSORFLOW])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ok: models and training without TensorFlow" in proc.stdout
 
 
 CROSS = r"""
@@ -284,19 +254,19 @@ print("done")
 
 
 @pytest.mark.heavy
-def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_path):
-    """The issue's command (2 epochs on the embedded digits) learns on JAX;
-    --export_dir exports the JAX-trained run on TensorFlow, whose SavedModel
-    serves what the JAX model predicts."""
+def test_train_py_on_jax_exports_a_saved_model_that_serves_what_the_jax_model_predicts(tmp_path):
+    """--export_dir exports a JAX-trained run on TensorFlow, whose SavedModel
+    serves what the JAX model predicts. (That train.py learns on JAX: CI's
+    third stage runs test_training's end-to-end test there, and the README's
+    JAX commands.)"""
     require_jax()
     import tensorflow as tf
 
-    proc = run_jax(["train.py", "--depth=10", "--width=1", "--epochs=2", "--verbose=0", f"--model_dir={tmp_path}/run",
-                    f"--export_dir={tmp_path}/serving"], timeout=600)
+    proc = run_jax(["train.py", "--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=5", "--verbose=0",
+                    f"--model_dir={tmp_path}/run", f"--export_dir={tmp_path}/serving"], timeout=600, fast_compile=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["backend"] == "jax" and results["status"] == "completed"
-    assert results["test_top1"] > 0.3, results  # chance: 0.1 (seeds 0-4 on TensorFlow: 0.45-0.9 after 2 epochs)
     assert results["export_path"] == str(tmp_path / "serving" / "run" / "1")
     images = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1)).astype("uint8")
     np.save(tmp_path / "images.npy", images)
@@ -354,22 +324,6 @@ def test_the_model_and_optimizer_take_the_same_steps_on_both_backends(tmp_path):
         np.testing.assert_allclose(tf_weights[key], jax_weights[key], atol=2e-5, err_msg=key)
 
 
-@pytest.mark.heavy
-def test_the_sweep_runs_on_jax(tmp_path):
-    """The sweep trains through the same `training.train`: its runs record
-    the JAX backend, and a second call resumes (nothing left to run)."""
-    require_jax()
-    command = ["-m", "keras_skipinit.sweep", "--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1",
-               "--best_k=1", "--epochs=1", "--steps_per_epoch=2", f"--out={tmp_path}/out", f"--runs_dir={tmp_path}/runs"]
-    proc = run_jax(command, timeout=600, fast_compile=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = [json.loads(line) for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
-    assert (run["status"], run["results"]["backend"], run["results"]["epochs_completed"]) == ("completed", "jax", 1)
-    proc = run_jax(command, timeout=600, fast_compile=True)
-    assert proc.returncode == 0 and len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 1
-
-
-@pytest.mark.heavy
 def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     """Checkpoints are Keras weight files (model and optimizer state): a run
     that trained its first epoch on TensorFlow continues on JAX from there,

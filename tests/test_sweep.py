@@ -498,6 +498,7 @@ def test_tiny_real_sweep_end_to_end(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [line["status"] for line in lines] == ["completed", "diverged"]  # 2^20 blows up
     assert lines[1]["results"]["diverged_at"]["epoch"] == 0 and "cores" in lines[0]["machine"]
+    assert lines[0]["results"]["backend"] == keras.backend.backend()  # CI's third stage: JAX, without TensorFlow
     assert (tmp_path / "sweep.png").stat().st_size > 5000
 
 

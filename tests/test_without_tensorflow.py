@@ -57,6 +57,29 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
 
 
 @without_tensorflow
+def test_every_method_builds_and_runs_without_tensorflow():
+    """The package's models (every normalization, a training-mode forward),
+    LSUV on the embedded digits, the schedules and the training, sweep and
+    CLI modules, where TensorFlow is not installed; the export module names
+    what it needs."""
+    import keras
+
+    import keras_skipinit as ks
+    from keras_skipinit import applications as apps
+
+    assert keras.backend.backend() == "jax"
+    x = np.random.default_rng(0).standard_normal((4, 16, 16, 3)).astype("float32")
+    for n in ks.normalization.NORMALIZATIONS:
+        model = apps.WideResNet(10, 1, input_shape=(16, 16, 3), normalization=n)
+        assert np.isfinite(np.asarray(model(x, training=True))).all(), n
+    ks.lsuv.lsuv_init(apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="none"), ks.analysis.real_digits(8))
+    assert abs(float(ks.schedules.PaperSchedule("cifar", 1.0, 5, 4)(13)) - 2 ** -4) < 1e-9
+    assert ks.training and ks.sweep and ks.train_cli
+    with pytest.raises(ModuleNotFoundError):
+        ks.serving
+
+
+@without_tensorflow
 def test_fashion_mnist_is_read_from_its_original_files():
     """In memory, fed by NumPy: the 70,000 images with TFDS's class names."""
     directory = require_fashion_mnist()
