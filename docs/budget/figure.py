@@ -41,7 +41,8 @@ def points():
     beyond the grid)."""
     found = []
     folders = ["docs/skipinit_table1",  # its summary holds depth 1000's cells too (--beside)
-               *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(HERE, "updates*")))]
+               *sorted(os.path.relpath(os.path.dirname(p), ROOT)  # a cell in progress has runs, no summary yet
+                       for p in glob.glob(os.path.join(HERE, "updates*", "summary.json")))]
     for folder in folders:
         settings, cells = _cells(folder)
         updates = settings["epochs"] * UPDATES_PER_EPOCH
