@@ -254,19 +254,19 @@ print("done")
 
 
 @pytest.mark.heavy
-def test_train_py_on_jax_exports_a_saved_model_that_serves_what_the_jax_model_predicts(tmp_path):
-    """--export_dir exports a JAX-trained run on TensorFlow, whose SavedModel
-    serves what the JAX model predicts. (That train.py learns on JAX: CI's
-    third stage runs test_training's end-to-end test there, and the README's
-    JAX commands.)"""
+def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_path):
+    """The issue's command (2 epochs on the embedded digits) learns on JAX;
+    --export_dir exports the JAX-trained run on TensorFlow, whose SavedModel
+    serves what the JAX model predicts."""
     require_jax()
     import tensorflow as tf
 
-    proc = run_jax(["train.py", "--depth=10", "--width=1", "--epochs=1", "--steps_per_epoch=5", "--verbose=0",
-                    f"--model_dir={tmp_path}/run", f"--export_dir={tmp_path}/serving"], timeout=600, fast_compile=True)
+    proc = run_jax(["train.py", "--depth=10", "--width=1", "--epochs=2", "--verbose=0", f"--model_dir={tmp_path}/run",
+                    f"--export_dir={tmp_path}/serving"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["backend"] == "jax" and results["status"] == "completed"
+    assert results["test_top1"] > 0.3, results  # chance: 0.1 (seeds 0-4 on TensorFlow: 0.45-0.9 after 2 epochs)
     assert results["export_path"] == str(tmp_path / "serving" / "run" / "1")
     images = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1)).astype("uint8")
     np.save(tmp_path / "images.npy", images)
@@ -324,6 +324,7 @@ def test_the_model_and_optimizer_take_the_same_steps_on_both_backends(tmp_path):
         np.testing.assert_allclose(tf_weights[key], jax_weights[key], atol=2e-5, err_msg=key)
 
 
+@pytest.mark.heavy
 def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     """Checkpoints are Keras weight files (model and optimizer state): a run
     that trained its first epoch on TensorFlow continues on JAX from there,
