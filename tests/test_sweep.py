@@ -419,7 +419,7 @@ def test_every_presets_documented_command_reports_its_committed_runs_unchanged(t
 
 def test_the_budget_figure_redraws_from_the_committed_summaries_unchanged(tmp_path):
     """docs/budget/budget.png is what docs/budget/figure.py draws from the committed sweeps (rerun after a
-    folder gains runs), with a best rate and an edge for both methods at every budget folder."""
+    folder gains runs), with a best rate and an edge for both methods at depth 16 at every budget."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("budget_figure", os.path.join(ROOT, "docs", "budget", "figure.py"))
