@@ -86,7 +86,8 @@ def draw(found, path):
     fig, ax = plt.subplots(figsize=(9, 4.8))
     depths = sorted({p[1] for p in found})
     # Hollow edges first, the best rate on top: where the best rate is the edge, the circle shows inside the square.
-    styles = {"edge": dict(marker="s", mfc="none"), "edge >=": dict(marker="^", mfc="none"), "best": dict(marker="o", ms=6)}
+    styles = {"edge": dict(marker="s", mfc="none", ms=8), "edge >=": dict(marker="^", mfc="none", ms=8),
+              "best": dict(marker="o", ms=6)}
     for i, method in enumerate(METHODS):
         for j, depth in enumerate(depths):
             shift = 2 ** (0.15 * (j - (len(depths) - 1) / 2))  # depths side by side at one budget
@@ -95,7 +96,7 @@ def draw(found, path):
                 mine = sorted((p[2], p[4]) for p in found if p[:2] == (method, depth) and p[3] == what)
                 if mine:
                     ax.plot([u * shift for u, _ in mine], [r for _, r in mine], color=color, ls=dash if what == "best" else "none",
-                            **{"ms": 8, **style}, label=f"{METHOD_SETTINGS[method][0]}, depth {depth}" if what == "best" else None)
+                            label=f"{METHOD_SETTINGS[method][0]}, depth {depth}" if what == "best" else None, **style)
             for p in found:
                 if p[:2] == (method, depth) and p[3] == "half":
                     low, high = p[5]
