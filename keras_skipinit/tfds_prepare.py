@@ -15,9 +15,13 @@ so the result is a normal prepared dataset in ``data_dir``, and
   reachable (offline, TFDS retries for minutes before a traceback);
 - turns every way preparation fails into one `ValueError` line that says
   what to do: a ``--data_dir`` holding the prepared dataset, or where to put
-  the files.
+  the files;
+- lets one process at a time prepare a dataset in a data_dir (a lock file
+  there): runs that start together (two sweeps, Ray's trials) wait for the
+  first instead of racing it to TFDS's final rename, which the loser fails.
 """
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -89,11 +93,38 @@ def default_manual_dir(name):
 def prepare(builder, manual_dir=None):
     """Prepares `builder`'s dataset in its data_dir unless it already is;
     returns a builder to read it with."""
+    if builder.is_prepared():
+        return builder
+    with _one_at_a_time(builder):
+        if builder.is_prepared():  # another process prepared it while this one waited
+            return _reopen(builder)
+        return _prepare(builder, manual_dir)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(builder):
+    """An exclusive lock on ``<data_dir>/.<name>.prepare.lock`` (a local data_dir on POSIX; else no lock)."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is None or "://" in str(builder.data_dir_root):
+        yield
+        return
+    os.makedirs(builder.data_dir_root, exist_ok=True)
+    with open(os.path.join(builder.data_dir_root, f".{builder.name}.prepare.lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"Waiting for another process preparing {builder.name} in {builder.data_dir_root}.", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _prepare(builder, manual_dir):
     import tensorflow_datasets as tfds
     from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
 
-    if builder.is_prepared():
-        return builder
     original = builder
     name = builder.name
     manual_dir = manual_dir or default_manual_dir(name)
@@ -116,11 +147,13 @@ def prepare(builder, manual_dir=None):
     except (OSError, AssertionError, NonMatchingChecksumError, tfds.download.DownloadError) as e:
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         raise ValueError(_advice(builder, manual_dir, reason)) from e
-    if builder is original:
-        return builder
-    # Read through the registered builder, whose info now comes from disk.
-    kwargs = {"config": original.builder_config} if original.builder_config else {}
-    return type(original)(data_dir=original.data_dir_root, version=original.version, **kwargs)
+    return builder if builder is original else _reopen(original)
+
+
+def _reopen(builder):
+    """`builder`'s class on its data_dir again: its info now read from disk."""
+    kwargs = {"config": builder.builder_config} if builder.builder_config else {}
+    return type(builder)(data_dir=builder.data_dir_root, version=builder.version, **kwargs)
 
 
 def _check_reachable(builder, url_infos, manual_dir):

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -127,6 +129,39 @@ def test_download_failures_become_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"ConnectionError: Max retries exceeded.*--manual_dir") as info:
         data.load("cifar10", str(tmp_path / "tfds"))
     assert "\n" not in str(info.value)
+
+
+def test_runs_starting_together_prepare_a_dataset_once(tmp_path):
+    """Two processes' first use of one data_dir at once (two sweeps, Ray's
+    trials): the second waits for the first instead of racing it to TFDS's
+    final rename of the finished folder, which the loser fails."""
+    class Builder:  # TFDS's DatasetBuilder as prepare() uses it; preparing fails where the folder exists
+        name, url_infos, MANUAL_DOWNLOAD_INSTRUCTIONS, builder_config, version = "toy", {}, None, None, "1.0.0"
+        calls = []
+
+        def __init__(self, data_dir, version=None):
+            self.data_dir_root, self.data_dir = data_dir, os.path.join(data_dir, "toy", "1.0.0")
+
+        def is_prepared(self):
+            return os.path.isdir(self.data_dir)
+
+        def download_and_prepare(self, download_config=None):
+            Builder.calls.append(self)
+            time.sleep(0.5)
+            os.makedirs(self.data_dir)  # FileExistsError for the second, as TFDS's rename
+
+    start, results = threading.Barrier(2), []
+
+    def first_use():
+        start.wait()
+        results.append(tfds_prepare.prepare(Builder(str(tmp_path))))
+
+    threads = [threading.Thread(target=first_use) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(Builder.calls) == 1 and len(results) == 2 and all(b.is_prepared() for b in results)
 
 
 def test_manual_download_datasets_say_where_files_go(tmp_path):
