@@ -129,14 +129,15 @@ def budget():
     docs/stability_edge.
 
         python -m keras_skipinit.sweep --preset=budget --out=docs/budget/updates600
-        python -m keras_skipinit.sweep --preset=budget --depths=100 --methods=skipinit --log2_lrs=-6,-5,-4 \\
-            --centre_log2_lrs= --no-extend_grid --final_seeds=0 --out=docs/budget/updates600_depth100
+        python -m keras_skipinit.sweep --preset=budget --depths=100 --methods=skipinit,batchnorm \\
+            --log2_lrs=-7,-6,-5,-4,-3,-1,1 --centre_log2_lrs= --no-extend_grid --final_seeds=0 \\
+            --out=docs/budget/updates600_depth100
 
     21 runs of 165-300 s on 2 AVX2-only CPU cores (75 min); rerun to
-    resume. The second: depth 100's SkipInit cell, written from its runs
-    (one sweep per rate, run as the GPU step's lines: docs/budget/README.md,
-    9 runs, 1,344-2,201 s each two at once on that CPU, longer beside CI). 2,400 updates:
-    budget_long; depth 100's BatchNorm and longer budgets (a lent GPU) are
+    resume. The second: depth 100's cells, written from their runs (one
+    sweep per method and rate, run as the GPU step's lines: docs/budget/README.md;
+    24 runs, 543-2,201 s each on two CPUs, one or two at once). 2,400 updates:
+    budget_long; depth 100 and 1000 at longer budgets (a lent GPU) are
     planned in docs/budget/README.md."""
     return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
 
