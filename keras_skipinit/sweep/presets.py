@@ -136,7 +136,7 @@ def budget():
     21 runs of 165-300 s on 2 AVX2-only CPU cores (75 min); rerun to
     resume. The second: depth 100's cells, written from their runs (one
     sweep per method and rate, run as the GPU step's lines: docs/budget/README.md;
-    24 runs, 543-2,201 s each on two CPUs, one or two at once). 2,400 updates:
+    27 runs, 363-2,201 s each on two CPUs, one or two at once). 2,400 updates:
     budget_long; depth 100 and 1000 at longer budgets (a lent GPU) are
     planned in docs/budget/README.md."""
     return {**skipinit_table1(), "depths": [16], "methods": ["batchnorm", "skipinit"], "epochs": 4}
