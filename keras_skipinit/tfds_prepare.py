@@ -24,6 +24,7 @@ so the result is a normal prepared dataset in ``data_dir``, and
 import contextlib
 import dataclasses
 import difflib
+import fcntl  # POSIX, as run_dir's model_dir lock
 import hashlib
 import logging
 import os
@@ -103,12 +104,9 @@ def prepare(builder, manual_dir=None):
 
 @contextlib.contextmanager
 def _one_at_a_time(builder):
-    """An exclusive lock on ``<data_dir>/.<name>.prepare.lock`` (a local data_dir on POSIX; else no lock)."""
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    if fcntl is None or "://" in str(builder.data_dir_root):
+    """An exclusive flock on ``<data_dir>/.<name>.prepare.lock``, waited for
+    (none where data_dir is remote, gs:// and the like: no local file to lock)."""
+    if "://" in str(builder.data_dir_root):
         yield
         return
     os.makedirs(builder.data_dir_root, exist_ok=True)
