@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import threading
 
 import numpy as np
 
@@ -63,9 +64,11 @@ def new_folders(path):
 
 def write_atomic(path, content):
     """`content` (str or bytes) written to a temporary file beside `path` and
-    renamed: `path` is complete or as it was."""
+    renamed: `path` is complete or as it was. The temporary file is the
+    writer's own (process and thread in its name): two writers of one path
+    at once each rename a whole file, the last one's stays."""
     data = content.encode() if isinstance(content, str) else content
-    with removed_on_failure(f"{path}.tmp") as tmp:
+    with removed_on_failure(f"{path}.{os.getpid()}-{threading.get_ident()}.tmp") as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

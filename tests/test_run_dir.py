@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -135,6 +136,23 @@ def test_no_readable_checkpoint_is_one_error_naming_the_files(tmp_path):
 def test_results_are_strict_json():
     value = files.strict_json({"loss": float("nan"), "x": [np.float32(1.5), float("inf")], "n": np.int64(3)})
     assert json.loads(json.dumps(value, allow_nan=False)) == {"loss": None, "x": [1.5, None], "n": 3}
+
+
+def test_two_writers_of_one_file_at_once_each_rename_a_whole_file(tmp_path, monkeypatch):
+    # Writer A has staged its file and is about to rename it when writer B (another thread, as another
+    # process) writes the same path whole: A's rename must still find its own staged file.
+    path, replace = str(tmp_path / "summary.json"), os.replace
+
+    def replace_after_another_writer(src, dst):
+        monkeypatch.setattr(os, "replace", replace)
+        other = threading.Thread(target=files.write_atomic, args=(path, "B"))
+        other.start()
+        other.join()
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_after_another_writer)
+    files.write_atomic(path, "A")
+    assert open(path).read() == "A" and os.listdir(tmp_path) == ["summary.json"]
 
 
 def test_corrupt_run_files_are_named(tmp_path):
