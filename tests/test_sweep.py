@@ -3,6 +3,7 @@ import json
 import math
 import os
 import shutil
+import time
 
 import keras
 import matplotlib
@@ -332,6 +333,40 @@ def test_table1_report_shows_a_deeper_sweeps_cells_beside_its_own(tmp_path, monk
     (line,) = capsys.readouterr().err.splitlines()
     assert exit_info.value.code == 2 and "--beside:" in line and "--width=1 there, 2 here" in line
     assert not (tmp_path / "wide").exists()
+
+
+def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet(tmp_path, monkeypatch, capsys):
+    """Between a sweep's per-run lines (40 min apart at depth 100 and 2,400
+    updates), each run's finished epochs from its history.csv, with what is
+    left of it. Time shrunk here: a line at most every 0.2 s, a look every
+    0.02 s, epochs 0.5 s apart whose history.csv is dated 10 minutes apart."""
+    from keras_skipinit import run_dir
+
+    def train(config):  # three epochs, written as train writes them
+        rows = []
+        for epoch in (1, 2, 3):
+            time.sleep(0.5)
+            rows.append({"epoch": epoch, "lr": config.learning_rate, "cross_entropy": 1.0, "val_top1": 0.25 * epoch})
+            run_dir.write_history(config.model_dir, rows)
+            os.utime(os.path.join(config.model_dir, run_dir.HISTORY), (600.0 * epoch, 600.0 * epoch))
+        time.sleep(0.5)
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
+                "wall_time_s": 2.0, "chief": True, "epochs_completed": 3, "config": dataclasses.asdict(config)}
+
+    def sweep_once(out):
+        os.makedirs(tmp_path / out / "runs" / "skipinit_d10_lr0.125_s0")
+        sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=1", "--best_k=1", "--epochs=3",
+                    "--no-extend_grid", f"--out={tmp_path / out}", f"--runs_dir={tmp_path / out / 'runs'}"])
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+
+    fake_training(monkeypatch, train)
+    assert sweep_once("quiet") == []  # 2 s: under a minute
+    monkeypatch.setattr(runner.EpochWatch, "every_s", 0.2)
+    monkeypatch.setattr(runner.EpochWatch, "poll_s", 0.02)
+    lines = sweep_once("shown")
+    assert lines[:2] == ["  skipinit depth 10 lr 2^-3 seed 0: epoch 1/3, test 25.0%",
+                         "  skipinit depth 10 lr 2^-3 seed 0: epoch 2/3, test 50.0%, about 10 min left in this run"]
+    assert len(lines) == 3 and lines[2].startswith("  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%")
 
 
 def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):

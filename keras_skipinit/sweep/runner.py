@@ -6,6 +6,7 @@ import dataclasses
 import math
 import os
 import re
+import threading
 import time
 
 from keras_skipinit import executors, normalization as norm_lib
@@ -150,6 +151,62 @@ class Interrupted(Exception):
         self.signal = signum
 
 
+class EpochWatch:
+    """Progress within long runs: a sweep prints a line per finished run,
+    which at depth 100 and 2,400 updates is 40 minutes apart. Between
+    `start` and `stop`, every `poll_s` seconds each run in flight whose history.csv
+    (in its model_dir, where this machine sees it: not on a Ray cluster's
+    other nodes) gained an epoch gets a line, at most one every `every_s`
+    seconds a run: runs of a minute or less stay quiet."""
+
+    every_s, poll_s = 60.0, 10.0
+
+    def __init__(self, in_flight, settings):
+        self.in_flight, self.settings = in_flight, settings
+        self._shown = {}  # run -> (epoch, time) of its last line, or (0, when first seen in flight)
+        self._first = {}  # run -> (epoch, its history.csv's time) when first seen with one: the rate's start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sweep-epoch-watch")
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self):
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def poll(self):
+        from keras_skipinit import run_dir
+
+        now = time.time()
+        for run, config in list(self.in_flight.items()):
+            shown_epoch, shown_time = self._shown.setdefault(run, (0, now))
+            try:
+                rows = run_dir.read_history(config.model_dir)
+                changed = os.path.getmtime(os.path.join(config.model_dir, run_dir.HISTORY))
+            except (OSError, ValueError):  # not there yet, or not on this machine
+                continue
+            if not rows:
+                continue
+            epoch = rows[-1]["epoch"]
+            first_epoch, first_time = self._first.setdefault(run, (epoch, changed))
+            if epoch <= shown_epoch or now - shown_time < self.every_s:
+                continue
+            self._shown[run] = (epoch, now)
+            acc = rows[-1].get("val_top1")
+            line = f"  {run_label(run, self.settings)}: epoch {epoch}/{config.epochs}"
+            if acc is not None:
+                line += f", {'validation' if config.validation_examples else 'test'} {100 * acc:.1f}%"
+            if epoch > first_epoch:  # two epochs' ends seen: a rate
+                per_epoch = (changed - first_time) / (epoch - first_epoch)
+                line += f", about {(config.epochs - epoch) * per_epoch / 60:.0f} min left in this run"
+            print(line, flush=True)
+
+
 def run_sweep(settings):
     """Runs the sweep: every run the protocol allows goes to the executor
     (--executor: this process, one run at a time; or Ray tasks, all at once),
@@ -170,6 +227,8 @@ def run_sweep(settings):
     cells = set(protocol.cells(settings))
     done_before = sum(run_id[:3] in cells for run_id in done)
     start, new, in_flight = time.time(), 0, {}
+    watch = EpochWatch(in_flight, settings)
+    watch.start()
     try:
         while True:
             pending = [run for run in protocol.pending_runs(settings, done) if run not in in_flight]
@@ -198,5 +257,6 @@ def run_sweep(settings):
     except executors.RunFailed as e:
         raise ValueError(f"run {run_label(e.ident, settings)}: {e}") from None
     finally:
+        watch.stop()
         executor.close()
     return list(done.values())
