@@ -60,7 +60,8 @@ def pytest_configure(config):
     if workers > 1:  # xdist's workers share the cores: a thread pool each of cores / workers, not of every core
         # (2 workers of 2 threads on 2 cores oversubscribe them: the suite took 478-490 s, 437 s so). Read
         # when TensorFlow starts its runtime, after the import; train.py processes the tests start inherit it.
-        os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
+        os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, cores // workers)))
     if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
         _start_keras()
 
