@@ -1,6 +1,7 @@
 """Where a sweep's runs execute: in the sweep's own process, one at a time
-(the default, no dependency), or as Ray tasks on a local Ray instance or a
-cluster (`pip install -e ".[ray]"`).
+(the default, no dependency), in child processes of this machine, several
+at once (a GPU or many cores shared by small runs), or as Ray tasks on a
+local Ray instance or a cluster (`pip install -e ".[ray]"`).
 
 The sweep (`keras_skipinit.sweep`) decides every run and writes every result;
 an executor only runs `training.Config`s and hands back what each run
@@ -9,8 +10,13 @@ returned. Its interface: `capacity` (how many runs it takes at once),
 finish, `in_flight()` -> (running, queued), `close()`.
 """
 
+import contextlib
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 import sys
+import threading
 import time
 
 from keras_skipinit import _startup, machine
@@ -59,6 +65,115 @@ class Sequential:
 
     def close(self):
         pass
+
+
+def _child(config, conn):
+    """A child process's one run: its own process group first (a Ctrl-C or
+    `timeout` signals the sweep's process, which passes it on once: a second
+    would end the run unsaved), then the run; the outcome goes back on `conn`."""
+    os.setpgid(0, 0)
+    try:
+        outcome = ("ok", execute(config))
+    except ValueError as e:  # a bad setting: the sweep's one-line error
+        outcome = ("value", str(e))
+    except BaseException as e:  # noqa: B036 - reported to the sweep, which stops
+        outcome = ("failed", f"{type(e).__name__}: {e}")
+    conn.send(outcome)
+    conn.close()
+
+
+@contextlib.contextmanager
+def _environ(values):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class Processes:
+    """Each run in a fresh child process of this machine, `processes` at
+    once (spawned: no TensorFlow or Keras state carries over, a GPU's memory
+    is freed). For small runs that leave a GPU or many cores idle alone: the
+    children share the GPU (JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false unless
+    set) and split the cores (TensorFlow's thread pools: cores / processes
+    unless TF_NUM_INTRAOP_THREADS is set). SIGINT or SIGTERM to the sweep is
+    passed on to each child, whose run checkpoints and stops (the same
+    command resumes it); a second ends the sweep at once."""
+
+    def __init__(self, processes=2):
+        if processes < 1:
+            raise ValueError(f"--processes must be at least 1, got {processes}")
+        self.capacity = processes
+        self._context = multiprocessing.get_context("spawn")
+        self._running = {}  # ident -> (process, the end of its pipe we read)
+        self.signal, self._previous = None, {}
+        threads = str(max(1, machine.cpu_count() // processes))
+        self._env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
+                     "TF_NUM_INTEROP_THREADS": threads, _startup.QUIET_START_ENV: "1"}
+        self._env = {name: os.environ.get(name, value) for name, value in self._env.items()}
+        if threading.current_thread() is threading.main_thread():  # where signals arrive
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        for process, _ in self._running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
+        self._restore()
+
+    def _restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def submit(self, ident, config):
+        if self.signal:  # stopping: nothing new starts (the runs in flight report first)
+            return
+        read, write = self._context.Pipe(duplex=False)
+        process = self._context.Process(target=_child, args=(config, write), name=f"sweep-run-{len(self._running)}")
+        with _environ(self._env):
+            process.start()
+        write.close()
+        self._running[ident] = (process, read)
+
+    def wait(self):
+        readers = {read: ident for ident, (_, read) in self._running.items()}
+        ready = multiprocessing.connection.wait(list(readers))[0]
+        ident = readers[ready]
+        process, _ = self._running.pop(ident)
+        try:
+            status, outcome = ready.recv()
+        except EOFError:  # the child died without a word
+            process.join()
+            status, outcome = "died", f"its process died (exit code {process.exitcode})"
+        process.join()
+        if status == "ok":
+            return ident, outcome
+        if self.signal:  # stopped by our signal before it could report: nothing to record
+            return ident, {"result": {"status": "interrupted", "signal": self.signal}}
+        if status == "value":
+            raise ValueError(outcome)
+        raise RunFailed(ident, f"failed in its process: {outcome}" if status == "failed" else outcome)
+
+    def in_flight(self):
+        return len(self._running), 0
+
+    def close(self):
+        """Stops the runs still in flight (SIGTERM: each checkpoints) and waits for them."""
+        self._restore()
+        for process, read in self._running.values():
+            if not self.signal:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+            process.join()
+            read.close()
+        self._running = {}
 
 
 # Another process may still hold a run's model_dir for a moment after its
@@ -183,6 +298,8 @@ class Ray:
 def make(name, **options):
     if name == "sequential":
         return Sequential()
+    if name == "processes":
+        return Processes(**options)
     if name == "ray":
         return Ray(**options)
-    raise ValueError(f"unknown executor {name!r}; choose sequential or ray")
+    raise ValueError(f"unknown executor {name!r}; choose sequential, processes or ray")

@@ -14,6 +14,13 @@ def cpu_name():
         return platform.processor() or platform.machine()
 
 
+def cpu_count():
+    """The cores this process may run on (its affinity where the OS says)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # macOS
+
+
 def cpu_has_native_bfloat16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 in hardware (x86 AVX512_BF16 or
     AMX; ARM's BF16 extension), from /proc/cpuinfo's flags; None if unknown.

@@ -512,7 +512,8 @@ def test_cli_rejects_bad_settings(tmp_path, monkeypatch, capsys):
     (tmp_path / "odd" / "summary.json").write_text('{"settings": 5, "cells": {}}')
     cases = [(["--methods=layernorm"], "unknown"), (["--seeds=2", "--best_k=3"], "best_k"),
              (["--lrs=0.1", "--extend_grid"], "log2 grid"), (["--executor=ray", "--cpus_per_run=0"], "cpus_per_run"),
-             (["--executor=ray", "--max_retries=-1"], "max_retries"), (["--log2_lrs=5000"], "-30..30"),
+             (["--executor=ray", "--max_retries=-1"], "max_retries"),
+             (["--executor=processes", "--processes=0"], "--processes must be at least 1"), (["--log2_lrs=5000"], "-30..30"),
              (["--log2_lrs=-5000", "--extend_grid"], "-30..30"), (["--lrs=nan", "--extend_grid"], "finite"),
              (["--lrs=0.05,-1"], "--lrs must lie in"), (["--chance=nan"], "finite"), (["--chance=2"], "--chance"),
              (["--mixup_alpha=inf"], "finite"), ([f"--beside={tmp_path}/odd"], "is not a sweep's summary.json"),

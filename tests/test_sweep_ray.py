@@ -68,6 +68,21 @@ def lines(out):
     return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
+def assert_same_runs(sequential, other, runs):
+    """The runs.jsonl of a sweep run elsewhere (Ray, child processes) holds each of the sequential sweep's
+    `runs` runs once, completed, with its results (same seeds, within round-off)."""
+    by_run = {}
+    for name, folder in (("seq", sequential), ("other", other)):
+        for run in lines(folder):
+            by_run.setdefault((run["method"], run["lr"], run["seed"]), {})[name] = run
+    assert len(by_run) == runs and all(len(pair) == 2 for pair in by_run.values())  # each run once
+    for pair in by_run.values():
+        assert pair["other"]["status"] == pair["seq"]["status"] == "completed"
+        assert pair["other"]["test_top1"] == pytest.approx(pair["seq"]["test_top1"], abs=2e-3)
+        assert pair["other"]["train_cross_entropy"] == pytest.approx(pair["seq"]["train_cross_entropy"], rel=1e-3)
+    return by_run
+
+
 @pytest.mark.heavy
 def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(tmp_path):
     require_ray()
@@ -118,15 +133,7 @@ def test_a_killed_driver_reruns_to_the_sequential_sweeps_runs(tmp_path):
     log2 = (tmp_path / "log2").read_text()
     assert "Resuming from epoch 2" in log2 and "0 running, 0 queued" in log2
     sweep.main([*args, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
-    by_run = {}
-    for name in ("seq", "ray"):
-        for run in lines(tmp_path / name):
-            by_run.setdefault((run["method"], run["lr"], run["seed"]), {})[name] = run
-    assert len(by_run) == 2 and all(len(pair) == 2 for pair in by_run.values())  # each run once
-    for pair in by_run.values():
-        assert pair["ray"]["status"] == pair["seq"]["status"] == "completed"
-        assert pair["ray"]["test_top1"] == pytest.approx(pair["seq"]["test_top1"], abs=2e-3)
-        assert pair["ray"]["train_cross_entropy"] == pytest.approx(pair["seq"]["train_cross_entropy"], rel=1e-3)
+    assert_same_runs(tmp_path / "seq", out, runs=2)
 
 
 @pytest.mark.heavy

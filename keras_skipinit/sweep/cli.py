@@ -111,8 +111,12 @@ def build_parser():
     parser.add_argument("--compare_to", default=None,
                         help="--protocol=survival: another survival sweep's --out (its summary.json): the table gives how "
                              "far this sweep's changed settings move each cell's half-train rate, with a 95%% interval")
-    parser.add_argument("--executor", choices=("sequential", "ray"), default="sequential",
-                        help="sequential: each run in this process in turn; ray: each run a Ray task (pip install -e \".[ray]\")")
+    parser.add_argument("--executor", choices=("sequential", "processes", "ray"), default="sequential",
+                        help="sequential: each run in this process in turn; processes: each run a child process, "
+                             "--processes at once (one GPU or many cores shared); ray: each run a Ray task "
+                             "(pip install -e \".[ray]\")")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="--executor=processes: runs at once on this machine (each gets cores / processes threads)")
     parser.add_argument("--ray_address", default=None,
                         help="a Ray cluster's address (ray start --head prints it); default: RAY_ADDRESS, else the "
                              "cluster `ray start` started on this machine, else a new local instance; local: always a new one")
@@ -162,13 +166,15 @@ def parse_args(argv=None):
         parser.error(f"--batch_sizes {uneven} are not whole multiples of --micro_batch_size={args.micro_batch_size}")
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         parser.error("--cpus_per_run must be > 0 (0 would start every run at once) and --gpus_per_run >= 0")
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     if args.max_retries < 0:
         parser.error("--max_retries must be >= 0 (Ray reads -1 as retrying forever)")
     if (args.extend_grid or args.protocol == protocol.EDGE) and any(
             abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
         parser.error("--extend_grid and --protocol=edge need a log2 grid (--log2_lrs)")
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
-    if args.executor != "sequential":  # Ray workers may run elsewhere: on storage every node reads, by absolute path
+    if args.executor != "sequential":  # Ray workers may run elsewhere (on storage every node reads), children start anew: absolute paths
         args.runs_dir = os.path.abspath(args.runs_dir)
         args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
         args.manual_dir = args.manual_dir and os.path.abspath(args.manual_dir)

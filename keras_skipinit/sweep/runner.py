@@ -121,6 +121,8 @@ def run_label(run, settings):
 def executor_for(settings):
     if settings.executor == "sequential":
         return executors.make("sequential")
+    if settings.executor == "processes":
+        return executors.make("processes", processes=settings.processes)
     return executors.make("ray", address=settings.ray_address, cpus_per_run=settings.cpus_per_run,
                           gpus_per_run=settings.gpus_per_run, max_retries=settings.max_retries)
 
@@ -209,7 +211,8 @@ class EpochWatch:
 
 def run_sweep(settings):
     """Runs the sweep: every run the protocol allows goes to the executor
-    (--executor: this process, one run at a time; or Ray tasks, all at once),
+    (--executor: this process, one run at a time; child processes, --processes
+    at once; or Ray tasks, all at once),
     and each result is recorded here as it comes back, before the pending
     runs are decided again. Returns every recorded run."""
     os.makedirs(settings.out, exist_ok=True)

@@ -1,0 +1,68 @@
+"""The sweep with its runs in child processes of this machine, several at
+once (`--executor=processes`): a GPU shared by small runs, one run a process."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_skipinit import sweep
+from test_sweep_ray import assert_same_runs, lines
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--depths=10", "--seeds=1", "--best_k=1", "--protocol=depth", "--lrs=0.05", "--methods=skipinit,batchnorm",
+        "--epochs=3", "--steps_per_epoch=6"]
+
+
+def start(out, log):
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTRAOP_THREADS": "1",
+           "TF_NUM_INTEROP_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "keras_skipinit.sweep", "--executor=processes", "--processes=2",
+                             *TINY, f"--out={out}", f"--runs_dir={out}_runs"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+
+
+def epochs_done(runs_dir):  # over all runs
+    found = 0
+    for root, _, files in os.walk(runs_dir):
+        if "history.csv" in files:
+            with open(os.path.join(root, "history.csv")) as f:
+                found += len(f.readlines()) > 1  # an epoch's row under the header
+    return found
+
+
+@pytest.mark.heavy
+def test_a_signalled_sweep_stops_its_children_at_a_checkpoint_and_reruns_to_the_sequential_runs(tmp_path):
+    """SIGTERM to the sweep's process alone (as a scheduler sends it): both
+    runs, in flight at once in their own processes, stop (checkpointed where they trained),
+    nothing is recorded, exit 143; the same command resumes both, and the
+    runs equal the sequential sweep's (same seeds, within round-off)."""
+    out = tmp_path / "par"
+    with open(tmp_path / "log1", "w") as log:
+        first = start(out, log)
+    try:
+        deadline = time.time() + 300
+        # both runs started (at once), one past its first epoch of 3: the signal finds both in flight
+        while epochs_done(f"{out}_runs") < 1 or len(os.listdir(f"{out}_runs")) < 2:
+            assert first.poll() is None, (tmp_path / "log1").read_text()[-3000:]
+            assert time.time() < deadline, "timed out"
+            time.sleep(0.2)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 128 + signal.SIGTERM, (tmp_path / "log1").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    log1 = (tmp_path / "log1").read_text()
+    assert "interrupted during run" in log1 and "run the same command to resume" in log1
+    assert lines(out) == []
+    with open(tmp_path / "log2", "w") as log:
+        second = start(out, log)
+    assert second.wait(timeout=300) == 0, (tmp_path / "log2").read_text()[-3000:]
+    log2 = (tmp_path / "log2").read_text()
+    assert "Resuming from epoch" in log2 and "1 running, 0 queued" in log2  # resumed; the other run in flight
+    sweep.main([*TINY, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
+    for pair in assert_same_runs(tmp_path / "seq", out, runs=2).values():
+        assert pair["other"]["results"]["epochs_completed"] == 3
