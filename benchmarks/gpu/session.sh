@@ -14,7 +14,7 @@
 #   STEPS=mechanism: mechanism.txt, mechanism_runs.jsonl (docs/mechanism: App. D.2's variants, deep_* folders
 #                   at depth 1000, mid_* at 100); MECH_S seconds, the sweeps at once
 #   STEPS=budget:   budget.txt, budget_runs.jsonl (docs/budget: SkipInit and BatchNorm at 600 updates, depth
-#                   100, one sweep per rate, all at once; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
+#                   100, one sweep per method, both at once, BUDGET_PROCESSES runs each at a time; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
 #                   other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
 #                   held-out images, then budget_final.txt, budget_final_runs.jsonl: the final seeds at the
 #                   chosen rates (BUDGET_FINAL_S seconds; BUDGET_FLAGS: more sweep flags on every line, e.g. a
@@ -124,21 +124,24 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
   # then one sweep per method over their merged runs runs its final seeds (BUDGET_FINAL_SEEDS) at the
   # chosen rate (seeds 3 on: the preset's --final_seed_start, new draws), for BUDGET_FINAL_S seconds (both
   # phases within one call: BUDGET_S defaults to 400 then).
-  # A run cut by a call's end starts over in the next (a fresh machine): at 2,400 updates run few rates
-  # at once (depth 100 took 8-62 s for 150 updates with twelve processes sharing the GPU: 2-16 min for 2,400).
+  # A run cut by a call's end starts over in the next (a fresh machine), and the GPU time-slices between
+  # processes (2026-11-30, WRN-1000-1 looped, batch 64: 153 ms an update alone, 0.80-0.90 s each with six at
+  # once: 1.1x the throughput): runs at once only finish later together. A depth-1000 run of 600 updates is
+  # ~2-2.5 min alone (its 4 test evaluations included), of 2,400 ~7-9 min (depth 100: not measured alone).
+  # So few at a time (BUDGET_PROCESSES, default 1 a method: two runs at once), rates in their order.
   local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
   local select_s=540
   preset() { if [ "$1" -ge 16 ]; then echo budget_long; else echo budget; fi; }
   for e in ${BUDGET_EPOCHS:-4}; do [ "$(preset "$e")" = budget ] || select_s=400; done
   for d in ${BUDGET_DEPTHS:-100}; do  # 1000: BUDGET_DEPTHS=1000 (2 seeds there: BUDGET_SEEDS=2)
     for e in ${BUDGET_EPOCHS:-4}; do  # 4: 600 updates of batch 64 over 9,600 images; 16: 2,400
-      # one process per rate, 3 seeds (best 2 of 3): rates around each method's 150-update optimum and edge
+      # one sweep per method (both at once), BUDGET_PROCESSES of its runs at a time, each a fresh process:
+      # rates around each method's 150-update optimum and edge, seeds of a rate in turn (best 2 of 3)
       for m in $grids; do
-        for r in $(echo "${m#*:}" | tr , ' '); do
-          echo "d${d}_e${e}_${m%%:*}_$r docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=$(preset "$e")" \
-            "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=$r --centre_log2_lrs= --no-extend_grid" \
-            "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0 ${BUDGET_FLAGS:-}"
-        done
+        echo "d${d}_e${e}_${m%%:*} docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=$(preset "$e")" \
+          "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --no-extend_grid" \
+          "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0" \
+          "--executor=processes --processes=${BUDGET_PROCESSES:-1} ${BUDGET_FLAGS:-}"
       done
     done
   done | AT_ONCE_S="${BUDGET_S:-$select_s}" at_once budget
@@ -150,7 +153,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
       for m in $grids; do
         echo "final_d${d}_e${e}_${m%%:*} /tmp/budget_d${d}_e$e.jsonl --preset=budget_long --depths=$d --epochs=$e" \
           "--methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2))" \
-          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} ${BUDGET_FLAGS:-}"
+          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} --executor=processes --processes=${BUDGET_PROCESSES:-1} ${BUDGET_FLAGS:-}"
       done
     done
   done | { read -r line || exit 0; { echo "$line"; cat; } | AT_ONCE_S="${BUDGET_FINAL_S:-120}" at_once budget_final; }
