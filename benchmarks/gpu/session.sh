@@ -83,8 +83,10 @@ at_once() {
   export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the processes share the GPU's memory
   while read -r folder from args; do
     mkdir -p "$dir/$folder" && { [ ! -f "$from" ] || cp "$from" "$dir/$folder/runs.jsonl"; }
+    # LOOP_BLOCKS=0: unrolled blocks (the same function, tested; no while loop on the GPU, a longer compilation)
     # shellcheck disable=SC2086  # args: several flags
-    timeout -k 30 "${AT_ONCE_S:-420}" "$PY" -m keras_skipinit.sweep $args --loop_blocks --checkpoint_steps=1000 \
+    timeout -k 30 "${AT_ONCE_S:-420}" "$PY" -m keras_skipinit.sweep $args "--$([ "${LOOP_BLOCKS:-1}" = 1 ] || echo no-)loop_blocks" \
+      --checkpoint_steps=1000 \
       --manual_dir="$FM" --out="$dir/$folder" > "$dir/$folder.txt" 2>&1 < /dev/null & pids+=($!)
   done
   gather() {  # each run once (the folders of one cell start from the same file)
