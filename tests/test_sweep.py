@@ -141,6 +141,20 @@ def test_depth_protocol_counts_trained_runs(tmp_path, monkeypatch):
     assert (tmp_path / "sweep.png").stat().st_size > 5000
 
 
+def test_the_tables_name_the_split_their_runs_were_evaluated_on(tmp_path, monkeypatch):
+    """A dataset without a test split (ImageNet; a folder with val/) evaluates on 'validation' with no
+    --validation_examples: the table says so, as the runs record it (it said 'Test')."""
+    def train(config):
+        return {**fake_train([])(config), "eval_split": "validation"}
+
+    fake_training(monkeypatch, train)
+    for protocol, heading in (("table1", "Validation accuracy, best 1 of 1"), ("depth", "Validation accuracy after 3 epoch(s)")):
+        out = tmp_path / protocol
+        sweep.main([f"--protocol={protocol}", "--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1",
+                    f"--out={out}"])
+        assert (out / "table.md").read_text().startswith(heading)
+
+
 def test_edge_protocol_brackets_the_largest_rate_where_k_of_n_train(tmp_path, monkeypatch):
     """Issue 42.1: per cell, octaves up from the largest rate that trained
     until one fails, down while none trained (to 2^-10); 2 of 3 seeds must

@@ -113,3 +113,12 @@ def read_summary(folder, flag):
         raise ValueError(f"{flag}: {path} is not a sweep's summary.json (no settings and cells); write it with that "
                          "sweep's --report_only")
     return settings, cells
+
+
+def eval_split(runs, validation_examples):
+    """The split `runs` were evaluated on, as their records name it ('test'; 'validation' for held-out images
+    and for a dataset without a test split, e.g. ImageNet or a folder's val/); without records, the flags' guess."""
+    recorded = {run.get("eval_split") for run in runs} - {None}
+    if len(recorded) == 1:
+        return recorded.pop()
+    return "validation" if validation_examples else "test"

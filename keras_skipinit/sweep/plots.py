@@ -38,7 +38,7 @@ def _plt():
     return plt
 
 
-def plot_table1(details, args, borrowed=None):
+def plot_table1(details, args, borrowed=None, split="test"):
     """Accuracy and training cross-entropy against the rate, a column per
     depth; `borrowed` ({depth: sweep}): depths from another folder (--beside)."""
     plt = _plt()
@@ -68,7 +68,7 @@ def plot_table1(details, args, borrowed=None):
         ce_ax.set_yscale("log")
         for ax in (acc_ax, ce_ax):
             ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"test accuracy %, best {args.best_k} of {args.seeds}")
+    axes[0][0].set_ylabel(f"{split} accuracy %, best {args.best_k} of {args.seeds}")
     axes[1][0].set_ylabel("training cross-entropy")
     from matplotlib.lines import Line2D  # every method, also those not (yet) drawn in the last column
 

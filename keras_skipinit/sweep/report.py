@@ -48,7 +48,8 @@ def table1_tables(runs, args, beside=()):
     depths = sorted(set(args.depths) | set(borrowed))
     heads = {d: f"depth {d}" + (f" (best {borrowed[d]['best_k']} of {borrowed[d]['seeds']}: {borrowed[d]['out']}/)"
                                  if d in borrowed else "") for d in depths}
-    acc_lines = ["| method | " + " | ".join(f"{heads[d]}: test acc. % (lr)" for d in depths) + " |"]
+    split = log.eval_split(runs, args.validation_examples)
+    acc_lines = ["| method | " + " | ".join(f"{heads[d]}: {split} acc. % (lr)" for d in depths) + " |"]
     ce_lines = ["| method | " + " | ".join(f"{heads[d]}: train cross-entropy (lr)" for d in depths) + " |"]
     acc_lines.append("|---|" + "---|" * len(depths))
     ce_lines.append(acc_lines[1])
@@ -361,13 +362,14 @@ def report(runs, args):
         plots.plot_survival(details, args, compared)
     elif args.protocol == "table1":
         accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args))
-        text = (f"Test accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
+        split = log.eval_split(runs, args.validation_examples)
+        text = (f"{split.capitalize()} accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
                 f"Learning-rate grid per cell\n\n{grid}\n")
-        plots.plot_table1(details, args, borrowed)
+        plots.plot_table1(details, args, borrowed, split)
     else:
         table, details = depth_table(runs, args)
-        split = "validation" if args.validation_examples else "test"
+        split = log.eval_split(runs, args.validation_examples)
         text = f"{split.capitalize()} accuracy after {args.epochs} epoch(s), mean ± std over {args.seeds} seeds\n\n{table}\n"
         plots.plot_depth(details, args)
         if args.epochs > 1:

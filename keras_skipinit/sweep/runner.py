@@ -163,8 +163,8 @@ class EpochWatch:
 
     every_s, poll_s = 60.0, 10.0
 
-    def __init__(self, in_flight, settings):
-        self.in_flight, self.settings = in_flight, settings
+    def __init__(self, in_flight, settings, done=None):
+        self.in_flight, self.settings, self.done = in_flight, settings, done if done is not None else {}
         self._shown = {}  # run -> (epoch, time) of its last line, or (0, when first seen in flight)
         self._first = {}  # run -> (epoch, its history.csv's time) when first seen with one: the rate's start
         self._stop = threading.Event()
@@ -202,7 +202,8 @@ class EpochWatch:
             acc = rows[-1].get("val_top1")
             line = f"  {run_label(run, self.settings)}: epoch {epoch}/{config.epochs}"
             if acc is not None:
-                line += f", {'validation' if config.validation_examples else 'test'} {100 * acc:.1f}%"
+                recorded = [r for r in list(self.done.values()) if r.get("phase") == run[5]]  # their split, once known
+                line += f", {log.eval_split(recorded, config.validation_examples)} {100 * acc:.1f}%"
             if epoch > first_epoch:  # two epochs' ends seen: a rate
                 per_epoch = (changed - first_time) / (epoch - first_epoch)
                 line += f", about {(config.epochs - epoch) * per_epoch / 60:.0f} min left in this run"
@@ -230,7 +231,7 @@ def run_sweep(settings):
     cells = set(protocol.cells(settings))
     done_before = sum(run_id[:3] in cells for run_id in done)
     start, new, in_flight = time.time(), 0, {}
-    watch = EpochWatch(in_flight, settings)
+    watch = EpochWatch(in_flight, settings, done)
     watch.start()
     try:
         while True:
