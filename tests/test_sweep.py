@@ -148,9 +148,9 @@ def test_the_tables_name_the_split_their_runs_were_evaluated_on(tmp_path, monkey
         return {**fake_train([])(config), "eval_split": "validation"}
 
     fake_training(monkeypatch, train)
-    for protocol, heading in (("table1", "Validation accuracy, best 1 of 1"), ("depth", "Validation accuracy after 3 epoch(s)")):
-        out = tmp_path / protocol
-        sweep.main([f"--protocol={protocol}", "--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1",
+    for name, heading in (("table1", "Validation accuracy, best 1 of 1"), ("depth", "Validation accuracy after 3 epoch(s)")):
+        out = tmp_path / name
+        sweep.main([f"--protocol={name}", "--depths=10", "--methods=skipinit", "--lrs=0.1", "--seeds=1", "--best_k=1",
                     f"--out={out}"])
         assert (out / "table.md").read_text().startswith(heading)
 
