@@ -38,6 +38,9 @@ if [ -z "${SKIP_INSTALL:-}" ]; then
     >> "$OUT/session.txt" 2>&1 || { log "pip install from .gpu/wheels failed"; exit 1; }
 fi
 export PYTHONPATH="$PWD" KERAS_BACKEND=jax JAX_DEFAULT_MATMUL_PRECISION=highest
+# Runs of one rate share their compiled train step (another seed: the same program; another rate is
+# another program, its rate a constant in it): a depth-1000 run compiles once a rate, not once a seed.
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}"
 FM="$PWD/.gpu/fashion-mnist"
 "$PY" -c "import jax, keras, keras_skipinit, keras_skipinit.training, keras_skipinit.sweep; print('jax', jax.__version__, jax.devices(), 'keras', keras.__version__)" \
   >> "$OUT/session.txt" 2>&1 || { log "imports failed"; exit 1; }
