@@ -71,7 +71,8 @@ def _child(config, conn):
     """A child process's one run: its own process group first (a Ctrl-C or
     `timeout` signals the sweep's process, which passes it on once: a second
     would end the run unsaved), then the run; the outcome goes back on `conn`."""
-    os.setpgid(0, 0)
+    if hasattr(os, "setpgid"):  # POSIX
+        os.setpgid(0, 0)
     try:
         outcome = ("ok", execute(config))
     except ValueError as e:  # a bad setting: the sweep's one-line error
@@ -112,6 +113,7 @@ class Processes:
         self.capacity = processes
         self._context = multiprocessing.get_context("spawn")
         self._running = {}  # ident -> (process, the end of its pipe we read)
+        self._unstarted = []  # runs submitted after a signal
         self.signal, self._previous = None, {}
         threads = str(max(1, machine.cpu_count() // processes))
         self._env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
@@ -133,7 +135,8 @@ class Processes:
         self._previous = {}
 
     def submit(self, ident, config):
-        if self.signal:  # stopping: nothing new starts (the runs in flight report first)
+        if self.signal:  # stopping: nothing new starts; the sweep hears it as interrupted
+            self._unstarted.append(ident)
             return
         read, write = self._context.Pipe(duplex=False)
         process = self._context.Process(target=_child, args=(config, write), name=f"sweep-run-{len(self._running)}")
@@ -143,6 +146,8 @@ class Processes:
         self._running[ident] = (process, read)
 
     def wait(self):
+        if self._unstarted:
+            return self._unstarted.pop(0), {"result": {"status": "interrupted", "signal": self.signal}}
         readers = {read: ident for ident, (_, read) in self._running.items()}
         ready = multiprocessing.connection.wait(list(readers))[0]
         ident = readers[ready]

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -66,3 +67,23 @@ def test_a_signalled_sweep_stops_its_children_at_a_checkpoint_and_reruns_to_the_
     sweep.main([*TINY, f"--out={tmp_path}/seq", f"--runs_dir={tmp_path}/seq_runs"])
     for pair in assert_same_runs(tmp_path / "seq", out, runs=2).values():
         assert pair["other"]["results"]["epochs_completed"] == 3
+
+
+def test_a_run_handed_over_after_the_signal_is_reported_interrupted_not_started():
+    """The sweep may hand over the next runs after a signal (a run that finished as it came is recorded
+    first): they start no process and come back interrupted, which stops the sweep."""
+    from keras_skipinit import executors
+
+    executor = executors.Processes(processes=2)
+    try:
+        executor._handle(signal.SIGTERM, None)  # as the signal arrives: no child to pass it to
+        executor.submit(("skipinit", 10, 32, 0.05, 0, "select"), config=None)
+        answer = []
+        waiting = threading.Thread(target=lambda: answer.append(executor.wait()), daemon=True)
+        waiting.start()
+        waiting.join(timeout=10)  # it waited forever on no process
+        assert answer == [(("skipinit", 10, 32, 0.05, 0, "select"),
+                           {"result": {"status": "interrupted", "signal": signal.SIGTERM}})]
+        assert signal.getsignal(signal.SIGTERM) is not executor._handle  # a second signal: Python's own handler
+    finally:
+        executor.close()
