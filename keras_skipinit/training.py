@@ -249,7 +249,7 @@ def _carry_records(run):
 
 
 def _eval_data(run):
-    eval_ds = pipelines.eval_pipeline(run.dataset, run.micro_batch,
+    eval_ds = pipelines.eval_pipeline(run.dataset, run.config.eval_batch_size or run.micro_batch,
                                       whole_batches=distribute.pads_evaluation(run.strategy))
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.

@@ -266,6 +266,22 @@ def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
 
 
 @pytest.mark.heavy
+def test_a_larger_evaluation_batch_evaluates_the_same_model_alike(tmp_path, monkeypatch):
+    """--eval_batch_size: the evaluation's batches have that size, and the same trained weights score the
+    same (up to float rounding) as with the training batch's."""
+    sizes = []
+    eval_pipeline = pipelines.eval_pipeline
+    monkeypatch.setattr(pipelines, "eval_pipeline", lambda dataset, batch_size, **kw: (
+        sizes.append(batch_size), eval_pipeline(dataset, batch_size, **kw))[1])
+    common = dict(epochs=1, steps_per_epoch=2, normalization="skipinit", alpha_init="one", learning_rate=0.05)
+    small = training.train(small_config(tmp_path / "a", **common))
+    large = training.train(small_config(tmp_path / "b", eval_batch_size=500, **common))
+    assert sizes == [training.Config().batch_size, 500]
+    assert large["eval_top1"] == pytest.approx(small["eval_top1"], abs=1e-3)  # 1 image in 1,000
+    assert large["eval_cross_entropy"] == pytest.approx(small["eval_cross_entropy"], rel=1e-4)
+
+
+@pytest.mark.heavy
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
     common = dict(normalization="skipinit", alpha_init="one", epochs=1, steps_per_epoch=2, schedule="constant",
                   learning_rate=0.05, batch_size=32)

@@ -133,7 +133,8 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
   # processes (2026-11-30, WRN-1000-1 looped, batch 64: 153 ms an update alone, 0.80-0.90 s each with six at
   # once: 1.1x the throughput): runs at once only finish later together. A depth-1000 run of 600 updates is
   # ~2-2.5 min alone (its 4 test evaluations included), of 2,400 ~7-9 min (depth 100: not measured alone).
-  # So few at a time (BUDGET_PROCESSES, default 1 a method: two runs at once), rates in their order.
+  # So few at a time (BUDGET_PROCESSES, default 1 a method: two runs at once), rates in their order, and
+  # evaluations in batches of 1,000 (of 64: 157 launches of the whole net an evaluation; not measured there).
   local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
   local select_s=540
   preset() { if [ "$1" -ge 16 ]; then echo budget_long; else echo budget; fi; }
@@ -146,7 +147,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
         echo "d${d}_e${e}_${m%%:*} docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=$(preset "$e")" \
           "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --no-extend_grid" \
           "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0" \
-          "--executor=processes --processes=${BUDGET_PROCESSES:-1} ${BUDGET_FLAGS:-}"
+          "--executor=processes --processes=${BUDGET_PROCESSES:-1} --eval_batch_size=1000 ${BUDGET_FLAGS:-}"
       done
     done
   done | AT_ONCE_S="${BUDGET_S:-$select_s}" at_once budget
@@ -158,7 +159,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
       for m in $grids; do
         echo "final_d${d}_e${e}_${m%%:*} /tmp/budget_d${d}_e$e.jsonl --preset=budget_long --depths=$d --epochs=$e" \
           "--methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2))" \
-          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} --executor=processes --processes=${BUDGET_PROCESSES:-1} ${BUDGET_FLAGS:-}"
+          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} --executor=processes --processes=${BUDGET_PROCESSES:-1} --eval_batch_size=1000 ${BUDGET_FLAGS:-}"
       done
     done
   done | { read -r line || exit 0; { echo "$line"; cat; } | AT_ONCE_S="${BUDGET_FINAL_S:-120}" at_once budget_final; }

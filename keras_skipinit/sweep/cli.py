@@ -62,10 +62,10 @@ def build_parser():
                                 "batch_size": 32, "train_examples": None, "validation_examples": None,
                                 "ghost_batch_size": None, "bn_momentum": None, "l2": None, "mixup_alpha": None,
                                 "preprocessing": None, "xla": False, "loop_blocks": False, "checkpoint_steps": 0,
-                                "init_from": None, "freeze_backbone": False},
+                                "eval_batch_size": None, "init_from": None, "freeze_backbone": False},
                        notes={"model": "One model per --out.", "validation_examples": "Runs that choose the lr do.",
                               "checkpoint_steps": "A run killed midway (a deep one: an hour) loses at most N steps; "
-                              "not an experiment setting.", "l2": "Default: train.py's.",
+                              "not an experiment setting.", "eval_batch_size": "Not an experiment setting.", "l2": "Default: train.py's.",
                               "mixup_alpha": "Default: train.py's.", "bn_momentum": "PyTorch's default: 0.9."})
     parser.add_argument("--depths", type=_ints, default=[16, 100])
     parser.add_argument("--batch_sizes", type=_ints, default=None,

@@ -41,6 +41,7 @@ def config(settings, run):
         validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
         mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
         loop_blocks=settings.loop_blocks, checkpoint_steps=settings.checkpoint_steps,
+        eval_batch_size=settings.eval_batch_size,
         model_dir=os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
                                + ("_final" if phase == protocol.FINAL else "")),
         **overrides,
