@@ -156,7 +156,9 @@ class Processes:
             status, outcome = ready.recv()
         except EOFError:  # the child died without a word
             process.join()
-            status, outcome = "died", f"its process died (exit code {process.exitcode})"
+            why = " (SIGKILL: out of memory?)" if process.exitcode == -signal.SIGKILL else ""
+            status, outcome = "died", (f"its process died (exit code {process.exitcode}{why}); rerun the sweep to "
+                                       "resume it from its last checkpoint")
         process.join()
         if status == "ok":
             return ident, outcome

@@ -87,3 +87,25 @@ def test_a_run_handed_over_after_the_signal_is_reported_interrupted_not_started(
         assert signal.getsignal(signal.SIGTERM) is not executor._handle  # a second signal: Python's own handler
     finally:
         executor.close()
+
+
+class _DiesUnpickled:
+    """A run's config whose unpickling in the child ends the child at once, as a kill would."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+@pytest.mark.heavy
+def test_a_run_whose_process_dies_is_a_failure_that_names_it_and_says_how_to_resume():
+    from keras_skipinit import executors
+
+    executor = executors.Processes(processes=1)
+    try:
+        executor.submit("the run", _DiesUnpickled())
+        with pytest.raises(executors.RunFailed) as failed:
+            executor.wait()
+    finally:
+        executor.close()
+    assert failed.value.ident == "the run"
+    assert str(failed.value) == "its process died (exit code 3); rerun the sweep to resume it from its last checkpoint"
