@@ -29,7 +29,9 @@ Every run's results.json is one line of ``runs.jsonl`` under --out, and
 each run keeps its model_dir under --runs_dir, so an interrupted sweep
 resumes where it stopped (a run cut off midway resumes from its checkpoint).
 
-``--executor=ray`` runs each run as a Ray task (a local Ray instance, or the
+``--executor=processes`` runs each run in a fresh child process of this
+machine, --processes at a time (cores or one GPU shared); ``--executor=ray``
+runs each run as a Ray task (a local Ray instance, or the
 cluster at --ray_address / RAY_ADDRESS) with --cpus_per_run/--gpus_per_run:
 all runs that do not wait on another's result go out at once (a round), and
 the next round is decided from their results by the same `pending_runs`.
