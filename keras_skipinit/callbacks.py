@@ -18,14 +18,19 @@ from keras_skipinit import distribute
 class Interrupt:
     """SIGINT (Ctrl-C) or SIGTERM while `train` runs: the step in progress
     finishes, a checkpoint is taken there and `train` returns status
-    'interrupted' (no results.json: the same command resumes the run). The
-    first signal puts Python's handlers back, so a second ends the process
-    at once. Only in the main thread (where signals arrive)."""
+    'interrupted' (no results.json: the same command resumes the run). A
+    second signal ends the process at once (the handler from before acts),
+    except SIGTERM again within REPEAT_S: GNU `timeout` sends its signal to
+    the command and then to its process group, twice for one event (a
+    second Ctrl-C acts however soon it comes).
+    `on_signal(signum)`: called at the first (the sweep passes it on to its
+    runs' processes). Only in the main thread (where signals arrive)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    REPEAT_S = 1.0
 
-    def __init__(self):
-        self.signal, self._previous = None, {}
+    def __init__(self, on_signal=None):
+        self.signal, self._previous, self._on_signal, self._at = None, {}, on_signal, None
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -33,8 +38,15 @@ class Interrupt:
         return self
 
     def _handle(self, signum, frame):
-        self.signal = signum
+        if self.signal is None:
+            self.signal, self._at = signum, time.monotonic()
+            if self._on_signal:
+                self._on_signal(signum)
+            return
+        if signum == self.signal == signal.SIGTERM and time.monotonic() - self._at < self.REPEAT_S:
+            return  # the same event, delivered twice
         self._restore()
+        signal.raise_signal(signum)  # to the handler from before: a second Ctrl-C or SIGTERM acts at once
 
     def _restore(self):
         for s, handler in self._previous.items():

@@ -16,7 +16,6 @@ import multiprocessing.connection
 import os
 import signal
 import sys
-import threading
 import time
 
 from keras_skipinit import _startup, machine
@@ -105,7 +104,7 @@ class Processes:
     set) and split the cores (TensorFlow's thread pools: cores / processes
     unless TF_NUM_INTRAOP_THREADS is set). SIGINT or SIGTERM to the sweep is
     passed on to each child, whose run checkpoints and stops (the same
-    command resumes it); a second ends the sweep at once."""
+    command resumes it); a second ends the sweep at once (`callbacks.Interrupt`)."""
 
     def __init__(self, processes=2):
         if processes < 1:
@@ -114,25 +113,22 @@ class Processes:
         self._context = multiprocessing.get_context("spawn")
         self._running = {}  # ident -> (process, the end of its pipe we read)
         self._unstarted = []  # runs submitted after a signal
-        self.signal, self._previous = None, {}
         threads = str(max(1, machine.cpu_count() // processes))
         self._env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
                      "TF_NUM_INTEROP_THREADS": threads, _startup.QUIET_START_ENV: "1"}
         self._env = {name: os.environ.get(name, value) for name, value in self._env.items()}
-        if threading.current_thread() is threading.main_thread():  # where signals arrive
-            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        from keras_skipinit import callbacks  # the runs' own signal handling: once, a repeat within a second ignored
 
-    def _handle(self, signum, frame):
-        self.signal = signum
+        self._interrupt = callbacks.Interrupt(on_signal=self._pass_on).__enter__()
+
+    @property
+    def signal(self):
+        return self._interrupt.signal
+
+    def _pass_on(self, signum):
         for process, _ in self._running.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signum)
-        self._restore()
-
-    def _restore(self):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
 
     def submit(self, ident, config):
         if self.signal:  # stopping: nothing new starts; the sweep hears it as interrupted
@@ -173,7 +169,7 @@ class Processes:
 
     def close(self):
         """Stops the runs still in flight (SIGTERM: each checkpoints) and waits for them."""
-        self._restore()
+        self._interrupt.__exit__()
         for process, read in self._running.values():
             if not self.signal:
                 with contextlib.suppress(ProcessLookupError):

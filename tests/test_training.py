@@ -554,16 +554,28 @@ def test_the_progress_counts_a_resumed_epoch_from_its_step_and_names_the_test_sp
         assert "8/8" in out and "evaluating on the test split" in out
 
 
-def test_a_signal_is_held_until_the_step_ends_and_a_second_one_acts_at_once():
+def test_a_signal_is_held_until_the_step_ends_a_repeat_is_one_event_and_a_second_one_acts(monkeypatch):
+    """The first SIGTERM is held for the step's end; the same signal again at once is the same event (GNU
+    timeout sends it to the command and then to its process group: the run died unsaved); one later reaches
+    the handler from before (a second Ctrl-C or SIGTERM stops at once)."""
     from keras_skipinit import callbacks
 
-    before = signal.getsignal(signal.SIGTERM)
-    with callbacks.Interrupt() as interrupt:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.05)
-        assert interrupt.signal == signal.SIGTERM
-        assert signal.getsignal(signal.SIGTERM) == before  # a second SIGTERM is no longer held
-    assert signal.getsignal(signal.SIGTERM) == before
+    before, reached = signal.getsignal(signal.SIGTERM), []
+    signal.signal(signal.SIGTERM, lambda signum, frame: reached.append(signum))
+    monkeypatch.setattr(callbacks.Interrupt, "REPEAT_S", 0.5)
+    try:
+        with callbacks.Interrupt() as interrupt:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # timeout's second delivery
+            time.sleep(0.05)
+            assert interrupt.signal == signal.SIGTERM and reached == []
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert reached == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is not interrupt._handle
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.mark.heavy
