@@ -14,8 +14,8 @@
 #   STEPS=mechanism: mechanism.txt, mechanism_runs.jsonl (docs/mechanism: App. D.2's variants, deep_* folders
 #                   at depth 1000, mid_* at 100); MECH_S seconds, the sweeps at once
 #   STEPS=budget:   budget.txt, budget_runs.jsonl (docs/budget: SkipInit and BatchNorm at 600 updates, depth
-#                   100, one sweep per method, both at once, BUDGET_PROCESSES runs each at a time; BUDGET_DEPTHS, BUDGET_EPOCHS, BUDGET_GRIDS for the
-#                   other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
+#                   100, one sweep per method, both at once, BUDGET_PROCESSES runs each at a time; BUDGET_DEPTHS,
+#                   BUDGET_EPOCHS, BUDGET_GRIDS for the other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
 #                   held-out images, then budget_final.txt, budget_final_runs.jsonl: the final seeds at the
 #                   chosen rates (BUDGET_FINAL_S seconds; BUDGET_FLAGS: more sweep flags on every line, e.g. a
 #                   dry run's --train_examples=320 --validation_examples=128). Append the returned lines to
@@ -23,6 +23,7 @@
 #                   budget_runs.jsonl's): a later call starts each sweep from that file
 # Stop the CPU sweeps of those folders first (so that no cell runs twice); afterwards append each returned
 # runs.jsonl's new lines to its folder here and resume them.
+# LOOP_BLOCKS=0: the sweeps' nets unrolled (same function; see benchmarks/gpu/share.sh for which form is faster).
 # Dry run on a CPU (a venv of ".[jax]", no install): SKIP_INSTALL=1 PY=python SWEEP_S=60 bash benchmarks/gpu/session.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
