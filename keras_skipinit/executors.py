@@ -114,9 +114,9 @@ class Processes:
         self._running = {}  # ident -> (process, the end of its pipe we read)
         self._unstarted = []  # runs submitted after a signal
         threads = str(max(1, machine.cpu_count() // processes))
-        self._env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
-                     "TF_NUM_INTEROP_THREADS": threads, _startup.QUIET_START_ENV: "1"}
-        self._env = {name: os.environ.get(name, value) for name, value in self._env.items()}
+        defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
+                    "TF_NUM_INTEROP_THREADS": threads, _startup.QUIET_START_ENV: "1"}
+        self._env = {name: os.environ.get(name, value) for name, value in defaults.items()}  # the user's win
         from keras_skipinit import callbacks  # the runs' own signal handling: once, a repeat within a second ignored
 
         self._interrupt = callbacks.Interrupt(on_signal=self._pass_on).__enter__()
@@ -135,7 +135,7 @@ class Processes:
             self._unstarted.append(ident)
             return
         read, write = self._context.Pipe(duplex=False)
-        process = self._context.Process(target=_child, args=(config, write), name=f"sweep-run-{len(self._running)}")
+        process = self._context.Process(target=_child, args=(config, write), name=f"sweep run {ident}")
         with _environ(self._env):
             process.start()
         write.close()
@@ -151,11 +151,12 @@ class Processes:
         try:
             status, outcome = ready.recv()
         except EOFError:  # the child died without a word
-            process.join()
-            why = " (SIGKILL: out of memory?)" if process.exitcode == -signal.SIGKILL else ""
-            status, outcome = "died", (f"its process died (exit code {process.exitcode}{why}); rerun the sweep to "
-                                       "resume it from its last checkpoint")
+            status, outcome = "died", None
         process.join()
+        if status == "died":
+            why = " (SIGKILL: out of memory?)" if process.exitcode == -signal.SIGKILL else ""
+            outcome = (f"its process died (exit code {process.exitcode}{why}); rerun the sweep to resume it from its "
+                       "last checkpoint")
         if status == "ok":
             return ident, outcome
         if self.signal:  # stopped by our signal before it could report: nothing to record

@@ -15,9 +15,9 @@
 #                   at depth 1000, mid_* at 100); MECH_S seconds, the sweeps at once
 #   STEPS=budget:   budget.txt, budget_runs.jsonl (docs/budget: SkipInit and BatchNorm at 600 updates, depth
 #                   100, one sweep per method, both at once, BUDGET_PROCESSES runs each at a time; BUDGET_DEPTHS,
-#                   BUDGET_EPOCHS, BUDGET_GRIDS for the other cells); BUDGET_S seconds; at 2,400 updates (BUDGET_EPOCHS=16) the rates are chosen on
-#                   held-out images, then budget_final.txt, budget_final_runs.jsonl: the final seeds at the
-#                   chosen rates (BUDGET_FINAL_S seconds; BUDGET_FLAGS: more sweep flags on every line, e.g. a
+#                   BUDGET_EPOCHS, BUDGET_GRIDS for the other cells); BUDGET_S seconds; at 2,400 updates
+#                   (BUDGET_EPOCHS=16) the rates are chosen on held-out images, then budget_final.txt,
+#                   budget_final_runs.jsonl: the final seeds at the chosen rates (BUDGET_FINAL_S seconds; BUDGET_FLAGS: more sweep flags on every line, e.g. a
 #                   dry run's --train_examples=320 --validation_examples=128). Append the returned lines to
 #                   docs/budget/updates<N>_depth<D>/runs.jsonl (N = 150 x epochs; budget_final_runs.jsonl holds
 #                   budget_runs.jsonl's): a later call starts each sweep from that file
@@ -137,7 +137,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
   # So few at a time (BUDGET_PROCESSES, default 1 a method: two runs at once), rates in their order, and
   # evaluations in batches of 1,000 (of 64: 157 launches of the whole net an evaluation; not measured there).
   local d e m r seeds=${BUDGET_SEEDS:-3} grids=${BUDGET_GRIDS:-skipinit:-7,-6,-5,-4 batchnorm:-5,-3,-1,1}
-  local select_s=540
+  local select_s=540 each="--executor=processes --processes=${BUDGET_PROCESSES:-1} --eval_batch_size=1000 ${BUDGET_FLAGS:-}"
   preset() { if [ "$1" -ge 16 ]; then echo budget_long; else echo budget; fi; }
   for e in ${BUDGET_EPOCHS:-4}; do [ "$(preset "$e")" = budget ] || select_s=400; done
   for d in ${BUDGET_DEPTHS:-100}; do  # 1000: BUDGET_DEPTHS=1000 (2 seeds there: BUDGET_SEEDS=2)
@@ -147,8 +147,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
       for m in $grids; do
         echo "d${d}_e${e}_${m%%:*} docs/budget/updates$((e * 150))_depth$d/runs.jsonl --preset=$(preset "$e")" \
           "--depths=$d --epochs=$e --methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --no-extend_grid" \
-          "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0" \
-          "--executor=processes --processes=${BUDGET_PROCESSES:-1} --eval_batch_size=1000 ${BUDGET_FLAGS:-}"
+          "--seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2)) --final_seeds=0 $each"
       done
     done
   done | AT_ONCE_S="${BUDGET_S:-$select_s}" at_once budget
@@ -160,7 +159,7 @@ step_budget() {  # issue 62, item 1: the optimum against the budget (docs/budget
       for m in $grids; do
         echo "final_d${d}_e${e}_${m%%:*} /tmp/budget_d${d}_e$e.jsonl --preset=budget_long --depths=$d --epochs=$e" \
           "--methods=${m%%:*} --log2_lrs=${m#*:} --centre_log2_lrs= --seeds=$seeds --best_k=$((seeds < 2 ? seeds : 2))" \
-          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} --executor=processes --processes=${BUDGET_PROCESSES:-1} --eval_batch_size=1000 ${BUDGET_FLAGS:-}"
+          "--final_seeds=${BUDGET_FINAL_SEEDS:-3} $each"
       done
     done
   done | { read -r line || exit 0; { echo "$line"; cat; } | AT_ONCE_S="${BUDGET_FINAL_S:-120}" at_once budget_final; }

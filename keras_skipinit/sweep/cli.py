@@ -65,8 +65,9 @@ def build_parser():
                                 "eval_batch_size": None, "init_from": None, "freeze_backbone": False},
                        notes={"model": "One model per --out.", "validation_examples": "Runs that choose the lr do.",
                               "checkpoint_steps": "A run killed midway (a deep one: an hour) loses at most N steps; "
-                              "not an experiment setting.", "eval_batch_size": "Not an experiment setting.", "l2": "Default: train.py's.",
-                              "mixup_alpha": "Default: train.py's.", "bn_momentum": "PyTorch's default: 0.9."})
+                              "not an experiment setting.", "eval_batch_size": "Not an experiment setting.",
+                              "l2": "Default: train.py's.", "mixup_alpha": "Default: train.py's.",
+                              "bn_momentum": "PyTorch's default: 0.9."})
     parser.add_argument("--depths", type=_ints, default=[16, 100])
     parser.add_argument("--batch_sizes", type=_ints, default=None,
                         help="batch sizes as a cell's axis (--protocol=batch_scaling); default: --batch_size")
@@ -174,7 +175,8 @@ def parse_args(argv=None):
             abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
         parser.error("--extend_grid and --protocol=edge need a log2 grid (--log2_lrs)")
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
-    if args.executor != "sequential":  # Ray workers may run elsewhere (on storage every node reads), children start anew: absolute paths
+    # Ray workers may run elsewhere (on storage every node reads), child processes start anew: absolute paths
+    if args.executor != "sequential":
         args.runs_dir = os.path.abspath(args.runs_dir)
         args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
         args.manual_dir = args.manual_dir and os.path.abspath(args.manual_dir)

@@ -30,7 +30,7 @@ def _cell(best, fmt):
     return f"{fmt(best['mean'])} ± {fmt(best['std'])} ({lr_label(best['lr'])})"
 
 
-def table1_tables(runs, args, beside=()):
+def table1_tables(runs, args, beside=(), split="test"):
     """SkipInit Table 1 (test accuracy) and App. D Table 3 (training loss),
     and a per-cell account of the learning-rate grid; `beside`
     (`load_beside`): other table1 sweeps, whose cells fill the depths this
@@ -48,7 +48,6 @@ def table1_tables(runs, args, beside=()):
     depths = sorted(set(args.depths) | set(borrowed))
     heads = {d: f"depth {d}" + (f" (best {borrowed[d]['best_k']} of {borrowed[d]['seeds']}: {borrowed[d]['out']}/)"
                                  if d in borrowed else "") for d in depths}
-    split = log.eval_split(runs, args.validation_examples)
     acc_lines = ["| method | " + " | ".join(f"{heads[d]}: {split} acc. % (lr)" for d in depths) + " |"]
     ce_lines = ["| method | " + " | ".join(f"{heads[d]}: train cross-entropy (lr)" for d in depths) + " |"]
     acc_lines.append("|---|" + "---|" * len(depths))
@@ -361,8 +360,8 @@ def report(runs, args):
         text, details = survival_table(runs, args, compared)
         plots.plot_survival(details, args, compared)
     elif args.protocol == "table1":
-        accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args))
         split = log.eval_split(runs, args.validation_examples)
+        accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args), split)
         text = (f"{split.capitalize()} accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
                 f"Learning-rate grid per cell\n\n{grid}\n")

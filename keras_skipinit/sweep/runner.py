@@ -164,8 +164,8 @@ class EpochWatch:
 
     every_s, poll_s = 60.0, 10.0
 
-    def __init__(self, in_flight, settings, done=None):
-        self.in_flight, self.settings, self.done = in_flight, settings, done if done is not None else {}
+    def __init__(self, in_flight, settings, done):
+        self.in_flight, self.settings, self.done = in_flight, settings, done  # done: the recorded runs, by ident
         self._shown = {}  # run -> (epoch, time) of its last line, or (0, when first seen in flight)
         self._first = {}  # run -> (epoch, its history.csv's time) when first seen with one: the rate's start
         self._stop = threading.Event()
