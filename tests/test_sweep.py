@@ -7,6 +7,7 @@ import time
 
 import keras
 import matplotlib
+import numpy as np
 import pytest
 
 from keras_skipinit import machine, sweep, training
@@ -216,6 +217,47 @@ def test_wilson_intervals_and_the_half_rate_match_a_hand_computation():
     assert protocol.half_rate(x, [1, 1, 0.8, 0.2, 0]) == pytest.approx(-3.75)  # -4 + (0.8 - 0.5) / 0.6 * 0.5
     assert protocol.half_rate(x, [0.2, 0.9, 0.6, 0.4, 0]) == pytest.approx(-3.75)  # slow at the bottom: from a half
     assert protocol.half_rate(x, [1, 1, 1, 1, 0.5]) is None  # not on the grid
+
+
+def test_welch_interval_matches_scipys_unequal_variance_t_test():
+    """protocol.welch is Welch's t interval for a difference of means: scipy's ttest_ind(equal_var=False)
+    gives the same bounds; one value a side has no interval; equal values on both sides a zero-width one."""
+    from scipy import stats
+
+    a, b = [77.6, 77.4, 77.8, 75.1], [76.1, 76.0, 76.3]
+    want = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    difference, low, high = protocol.welch(a, b)
+    assert difference == pytest.approx(np.mean(a) - np.mean(b))
+    assert (low, high) == pytest.approx((want.low, want.high))
+    assert protocol.welch([80.0], b) is None
+    assert protocol.welch([2.0, 2.0], [1.0, 1.0]) == (1.0, 1.0, 1.0)
+
+
+def test_table1_report_compares_the_best_rate_with_its_neighbours_and_the_methods(tmp_path, monkeypatch):
+    """The report's comparisons (the budget issue: an interval where the docs compare rates or methods):
+    the best rate against each other rate over their trained runs, a diverged run counted out of
+    'trained', and the first method against the second at their best rates; hand-made accuracies."""
+    accuracy = {("skipinit", -3): [0.80, 0.82, 0.84], ("skipinit", -2): [0.70, 0.74, None],
+                ("batchnorm", -3): [0.90, 0.90, 0.93], ("batchnorm", -2): [0.91, 0.91, 0.91]}
+
+    def train(config):
+        acc = accuracy[config.normalization, round(math.log2(config.learning_rate))][config.seed]
+        return {"status": "completed" if acc else "diverged", "eval_split": "test", "eval_top1": acc,
+                "train_cross_entropy": 1.0, "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    sweep.main(["--protocol=table1", "--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-3,-2", "--seeds=3",
+                "--best_k=2", "--no-extend_grid", f"--out={tmp_path}"])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in (tmp_path / "table.md").read_text().splitlines()
+            if " − " in line}
+    # SkipInit: 2^-3 (82.0 on average) against 2^-2's two trained runs (72.0): +10.0 points.
+    d, low, high = protocol.welch([80, 82, 84], [70, 74])
+    assert rows["SkipInit (alpha = 0): 2^-3 − 2^-2"] == ["10", "test, every seed", "+10.0",
+                                                         f"{low:+.1f} .. {high:+.1f}", "3/3, 2/3 |"]
+    assert d == pytest.approx(10.0)
+    # BatchNorm chooses 2^-3 on its best 2 of 3 (91.5 against 91.0); over every seed both average 91.0.
+    assert rows["Batch Normalization: 2^-3 − 2^-2"][2] == "+0.0"
+    assert rows["SkipInit (alpha = 0) (2^-3) − Batch Normalization (2^-3)"][2] == "-9.0"
 
 
 def test_a_factors_shift_of_the_half_rate_and_its_interval_shrink_with_seeds():

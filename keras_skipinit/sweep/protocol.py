@@ -169,6 +169,25 @@ def wilson(k, n, z=Z95):
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def welch(a, b, level=0.95):
+    """Welch's interval for mean(a) - mean(b) (unequal variances, the
+    Welch-Satterthwaite degrees of freedom): (difference, low, high), or
+    None where a side has fewer than 2 values. Equal values on both sides
+    give a zero-width interval."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    difference = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return difference, difference, difference
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    from scipy import stats  # scipy comes with mlxtend, a core dependency; imported when a report compares
+
+    half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(va + vb)
+    return difference, difference - half, difference + half
+
+
 def survival(runs, chance, loss_limit):
     """Per learning rate (ascending): of its runs, how many trained by
     accuracy (completed, test accuracy above `chance`) and by accuracy and

@@ -12,8 +12,8 @@ from keras_skipinit.sweep import factors, log, plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
 from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, grid_edge,
-                                           half_rates, in_cell, log2_label, lr_label, run_ident, stability_edge, summarize,
-                                           survival, trained)
+                                           half_rates, in_cell, log2_label, lr_key, lr_label, run_ident, stability_edge,
+                                           summarize, survival, trained, welch)
 
 
 def protocol_batch(run):
@@ -74,6 +74,57 @@ def table1_tables(runs, args, beside=(), split="test"):
         acc_lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(accs) + " |")
         ce_lines.append(f"| {METHOD_SETTINGS[key][0]} | " + " | ".join(ces) + " |")
     return "\n".join(acc_lines), "\n".join(ce_lines), "\n".join(grid), details, borrowed
+
+
+def comparisons(runs, args, split, finals=False):
+    """Rates and methods compared, where the tables give only each side's
+    best k of n: per cell, its best rate against every other rate tried
+    (the selection runs, on `split`); per depth, the first method against
+    each other at their best rates (`finals`: their final runs, on the test
+    set). The difference of mean accuracy in points over each side's
+    trained runs, with Welch's 95% interval (`protocol.welch`). A section
+    of table.md, or "" where nothing compares (one rate, one method)."""
+    rows = []
+    for depth in args.depths:
+        at_best = {}
+        for key in args.methods:
+            cell = (key, depth, args.batch_sizes[0])
+            selection = in_cell(runs, cell, SELECT)
+            best = summarize(selection, args.best_k, args.chance)[0] if selection else None
+            if best is None:
+                continue
+            by_rate = {}
+            for run in selection:
+                by_rate.setdefault(lr_key(run["lr"]), []).append(run)
+            name, chosen = METHOD_SETTINGS[key][0], by_rate[best["lr"]]
+            for lr, other in sorted(by_rate.items()):
+                if lr != best["lr"]:
+                    rows.append(_compared(f"{name}: {lr_label(best['lr'])} − {lr_label(lr)}", depth,
+                                          f"{split}, every seed", chosen, other, args.chance))
+            at_best[key] = (f"{name} ({lr_label(best['lr'])})", in_cell(runs, cell, FINAL) if finals else chosen)
+        on = "test, final seeds" if finals else f"{split}, every seed"
+        (label, first_runs), *others = at_best.values() or [(None, [])]
+        for other_label, other_runs in others:
+            if first_runs and other_runs:
+                rows.append(_compared(f"{label} − {other_label}", depth, on, first_runs, other_runs, args.chance))
+    if not rows:
+        return ""
+    return ("\nRates and methods compared: the difference of mean accuracy over each side's trained runs, with "
+            "Welch's 95% interval (—: fewer than 2 trained runs a side); trained: runs that trained / runs, per "
+            "side\n\n| compared | depth | on | difference (points) | 95% interval | trained |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def _compared(label, depth, on, runs_a, runs_b, chance):
+    """One row of `comparisons`."""
+    a, b = ([100 * r["test_top1"] for r in side if trained(r, chance)] for side in (runs_a, runs_b))
+    interval = welch(a, b)
+    if interval is not None:
+        difference, span = f"{interval[0]:+.1f}", f"{interval[1]:+.1f} .. {interval[2]:+.1f}"
+    else:
+        difference, span = (f"{np.mean(a) - np.mean(b):+.1f}" if a and b else "—"), "—"
+    return (f"| {label} | {depth} | {on} | {difference} | {span} | "
+            f"{len(a)}/{len(runs_a)}, {len(b)}/{len(runs_b)} |")
 
 
 def _borrow(details, beside):
@@ -350,7 +401,8 @@ def report(runs, args):
         then = (f"then {_finals(args)}, test accuracy mean ± std" if args.final_seeds
                 else "no final runs (--final_seeds=0: choosing only)")
         text = (f"{arch(args)}, {args.epochs} epochs; learning rate chosen on {args.validation_examples} "
-                f"training images held out (best {args.best_k} of {args.seeds} per lr), {then}\n\n{table}\n")
+                f"training images held out (best {args.best_k} of {args.seeds} per lr), {then}\n\n{table}\n"
+                + comparisons(runs, args, "validation", finals=args.final_seeds > 0))
         plots.plot_curves([r for r in runs if r.get("phase") == FINAL], args, "test")
     elif args.protocol == EDGE:
         text, details, borrowed = edge_table(runs, args, load_beside(args.beside, args))
@@ -364,7 +416,7 @@ def report(runs, args):
         accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args), split)
         text = (f"{split.capitalize()} accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
-                f"Learning-rate grid per cell\n\n{grid}\n")
+                f"Learning-rate grid per cell\n\n{grid}\n" + comparisons(runs, args, split))
         plots.plot_table1(details, args, borrowed, split)
     else:
         table, details = depth_table(runs, args)
