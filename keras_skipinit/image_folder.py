@@ -1,7 +1,8 @@
 """A folder of your own images as a dataset: `--dataset=PATH`.
 
 The layout timm, TFDS's `ImageFolder` and torchvision's `ImageFolder` share:
-``PATH/<split>/<class>/<image>``, with a ``train`` split and a ``test`` split
+``PATH/<split>/<class>/<image>`` (images in a class's subfolders count as
+that class), with a ``train`` split and a ``test`` split
 (else ``validation`` or ``val``, evaluated instead). Class names are the
 class folders' names, sorted (label i is the i-th); every split has the same
 classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
@@ -53,9 +54,21 @@ def looks_like_folder(name):
     return os.path.isdir(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
 
 
-def _listing(folder, want_dirs):
-    return sorted(entry.name for entry in os.scandir(folder) if not entry.name.startswith(".")
-                  and (entry.is_dir() if want_dirs else entry.is_file()))
+def _class_folders(split_folder):
+    return sorted(entry.name for entry in os.scandir(split_folder) if not entry.name.startswith(".") and entry.is_dir())
+
+
+def files_under(folder, suffixes=None):
+    """The files in `folder` and its subfolders, in sorted order, names
+    starting with "." left out (.DS_Store, .ipynb_checkpoints/); `suffixes`:
+    only names ending so (any case). A class's images may sit in subfolders,
+    as torchvision's ImageFolder and Keras' image_dataset_from_directory read them."""
+    found = []
+    for parent, subfolders, names in os.walk(folder):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+        found += [os.path.join(parent, n) for n in sorted(names) if not n.startswith(".")
+                  and (suffixes is None or n.lower().endswith(suffixes))]
+    return found
 
 
 def layout(path):
@@ -75,14 +88,14 @@ def layout(path):
                          "a run is evaluated on")
     found = {}
     for split in ("train", evaluated):
-        classes = _listing(os.path.join(root, split), want_dirs=True)
+        classes = _class_folders(os.path.join(root, split))
         if not classes:
             raise ValueError(f"{os.path.join(path, split)} holds no class folders: images go in "
                              f"{os.path.join(path, split, '<class>', '<image>')}")
         found[split] = {}
         for name in classes:
             folder = os.path.join(root, split, name)
-            files = [os.path.join(folder, f) for f in _listing(folder, want_dirs=False)]
+            files = files_under(folder)
             if not files:
                 raise ValueError(f"{os.path.join(path, split, name)} holds no images")
             found[split][name] = files

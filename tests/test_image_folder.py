@@ -48,6 +48,21 @@ def test_a_folder_reads_as_sorted_classes_in_the_majority_mode(tmp_path):
     assert (xtr[:, 12:20, 12:20].mean(axis=(1, 2, 3)) > xtr[:, :3].mean(axis=(1, 2, 3))).mean() > 0.9
 
 
+def test_images_in_a_class_subfolder_count_as_that_class_and_hidden_files_do_not(tmp_path):
+    """torchvision's ImageFolder and Keras' image_dataset_from_directory read a class's subfolders; they
+    were left out silently. Names starting with "." (.DS_Store, .ipynb_checkpoints/) stay out."""
+    root = write_folder(tmp_path / "f", per_class=(8, 2))
+    seven = root / "train" / "seven"
+    (seven / "more" / "deeper").mkdir(parents=True)
+    for i, image in enumerate(sorted(seven.glob("*.png"))[:3]):
+        os.link(image, seven / "more" / ("deeper" if i else "") / f"copy{i}.png")
+    (seven / ".ipynb_checkpoints").mkdir()
+    (seven / ".ipynb_checkpoints" / "x.png").write_bytes(b"not an image")
+    (seven / ".DS_Store").write_bytes(b"not an image")
+    folder = image_folder.read(str(root), default_size=32)
+    assert list(np.bincount(folder.train[1])) == [8, 8 + 3, 8] and folder.classes == ("one", "seven", "zero")
+
+
 def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_path):
     root = tmp_path / "f"
     for split in ("train", "test"):

@@ -74,10 +74,7 @@ def image_files(paths):
     found = []
     for path in paths:
         if os.path.isdir(path):
-            for folder, subfolders, names in os.walk(path):
-                subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-                found += [os.path.join(folder, n) for n in sorted(names)
-                          if n.lower().endswith(IMAGE_SUFFIXES) and not n.startswith(".")]
+            found += image_folder.files_under(path, IMAGE_SUFFIXES)
         elif os.path.isfile(path):
             found.append(path)
         else:
