@@ -260,6 +260,26 @@ def test_table1_report_compares_the_best_rate_with_its_neighbours_and_the_method
     assert rows["SkipInit (alpha = 0) (2^-3) − Batch Normalization (2^-3)"][2] == "-9.0"
 
 
+def test_depth_report_gives_trained_fractions_with_intervals_and_fishers_p_against_the_first_method(tmp_path, monkeypatch):
+    """Fixup Fig. 3's claims are fractions of seeds that train: the depth table adds each method's count per
+    depth and pooled, its Wilson interval and the one-sided Fisher p against the first method; p by hand
+    (1 of 3 against 3 of 3: C(4,1) C(2,2) / C(6,3) = 0.2; 0 of 3: 1/20) and from scipy for the pooled cell."""
+    from scipy import stats
+
+    def train(config):  # BatchNorm trains at every depth; Fixup in seed 0 at depth 10 only
+        ok = config.normalization == "batchnorm" or (config.depth == 10 and config.seed == 0)
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.6 if ok else 0.1, "train_cross_entropy": 1.0,
+                "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    sweep.main(["--protocol=depth", "--depths=10,22", "--methods=batchnorm,fixup", "--lrs=0.1", "--seeds=3",
+                "--best_k=1", f"--out={tmp_path}"])
+    rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| Fixup |")][1:]
+    assert rows == ["| Fixup | 10 | 1/3 | 6-79% | 0.2 |", "| Fixup | 22 | 0/3 | 0-56% | 0.05 |",
+                    "| Fixup | all | 1/6 | 3-56% | 0.00758 |"]
+    assert protocol.fisher_less(1, 6, 6, 6) == pytest.approx(stats.fisher_exact([[1, 5], [6, 0]], "less").pvalue)
+
+
 def test_a_factors_shift_of_the_half_rate_and_its_interval_shrink_with_seeds():
     """The budget issue's factor sizes: the same survival counts one octave higher shift the half rate by
     exactly +1 (hand computation); its 95% interval holds it and narrows from 10 to 1,000 seeds a rate; a

@@ -188,6 +188,15 @@ def welch(a, b, level=0.95):
     return difference, difference - half, difference + half
 
 
+def fisher_less(k, n, k_ref, n_ref):
+    """One-sided Fisher exact p that k of n trained arose from a success
+    rate no lower than k_ref of n_ref's: the hypergeometric chance of k or
+    fewer of the k + k_ref successes falling among the first n runs."""
+    total, successes = n + n_ref, k + k_ref
+    return sum(math.comb(successes, i) * math.comb(total - successes, n - i)
+               for i in range(max(0, n - (total - successes)), k + 1)) / math.comb(total, n)
+
+
 def survival(runs, chance, loss_limit):
     """Per learning rate (ascending): of its runs, how many trained by
     accuracy (completed, test accuracy above `chance`) and by accuracy and
