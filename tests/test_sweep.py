@@ -90,6 +90,23 @@ def fake_train(calls):
     return train
 
 
+def test_dry_run_lists_the_runs_a_sweep_would_start_and_runs_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """--dry_run after a sweep of 2 seeds asked for 3: the third seed's runs, how many are left and their
+    time at the recorded runs' median (1 s each here); no run trains, no file changes."""
+    calls = []
+    fake_training(monkeypatch, fake_train(calls))
+    args = ["--depths=10", "--methods=skipinit,batchnorm", "--log2_lrs=-4,-3", "--best_k=1", f"--out={tmp_path}"]
+    sweep.main([*args, "--seeds=2"])
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    calls.clear(), capsys.readouterr()
+    sweep.main([*args, "--seeds=3", "--dry_run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("runs.jsonl; 4 would start now, 4 left as far as known now:")
+    assert lines[1:5] == [f"  {m} depth 10 lr 2^{k} seed 2" for m in ("skipinit", "batchnorm") for k in (-4, -3)]
+    assert lines[5] == "the 4 starting now: about 4 s of one process at their cells' median recorded run time"
+    assert calls == [] and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_extend_grid_runs_until_interior_and_resumes(tmp_path, monkeypatch):
     calls = []
     fake_training(monkeypatch, fake_train(calls))

@@ -28,6 +28,8 @@ Protocols over one runner; a preset (``presets.py``) fills in the paper's settin
 Every run's results.json is one line of ``runs.jsonl`` under --out, and
 each run keeps its model_dir under --runs_dir, so an interrupted sweep
 resumes where it stopped (a run cut off midway resumes from its checkpoint).
+``--dry_run`` prints the runs it would start now, how many are left as far as
+known, and their time at their cells' recorded runs so far; it runs nothing.
 
 ``--executor=processes`` runs each run in a fresh child process of this
 machine, --processes at a time (cores or one GPU shared); ``--executor=ray``

@@ -105,6 +105,8 @@ def build_parser():
     parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print the runs the sweep would start now and how many are left; run and write nothing")
     parser.add_argument("--beside", type=_names, default=[],
                         help="--protocol=edge or table1: other such sweeps' --out folders (their summary.json) whose "
                              "cells fill the depths this sweep did not run, in its table and plot (depth 1000 in its own "
@@ -203,6 +205,9 @@ def main(argv=None):
         run_dir.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
         report.load_beside(args.beside, args)  # refused before any run
         factors.load(args.compare_to, args)
+        if args.dry_run:
+            print(runner.plan(args))
+            return
         if not args.report_only:
             run_dir.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:

@@ -9,6 +9,8 @@ import re
 import threading
 import time
 
+import numpy as np
+
 from keras_skipinit import executors, normalization as norm_lib
 from keras_skipinit import machine as machine_lib
 from keras_skipinit.sweep import log, protocol
@@ -211,15 +213,12 @@ class EpochWatch:
             print(line, flush=True)
 
 
-def run_sweep(settings):
-    """Runs the sweep: every run the protocol allows goes to the executor
-    (--executor: this process, one run at a time; child processes, --processes
-    at once; or Ray tasks, all at once),
-    and each result is recorded here as it comes back, before the pending
-    runs are decided again. Returns every recorded run."""
-    os.makedirs(settings.out, exist_ok=True)
+def checked_log(settings, repair=False):
+    """(path, recorded runs) of --out's runs.jsonl, refused in one line
+    before any run where they are another model's, experiment's or
+    protocol's, or where a cell is one train.py would refuse."""
     path = os.path.join(settings.out, log.LOG)
-    done = log.load(path, repair=True)
+    done = log.load(path, repair=repair)
     others = sorted({r.get("model", "wrn") for r in done.values()} - {settings.model})
     if others:
         raise ValueError(f"{path} holds runs of --model={others[0]}, not --model={settings.model}: "
@@ -227,6 +226,43 @@ def run_sweep(settings):
     check_same_experiment(settings, done, path)
     check_protocol(settings, done, settings.out)
     check_cells(settings)
+    return path, done
+
+
+def plan(settings):
+    """--dry_run: from the recorded runs, what the sweep would start now and
+    how many runs are left as far as known (a grid extension decides more as
+    results come), with the time the runs starting now took in their cells so
+    far (median recorded run time); nothing is run or written."""
+    path, done = checked_log(settings)
+    cells = set(protocol.cells(settings))
+    recorded = [run for ident, run in done.items() if ident[:3] in cells]
+    pending, left = protocol.pending_runs(settings, done), protocol.runs_left(settings, done)
+    lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now, "
+             f"{left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
+    lines += [f"  {run_label(run, settings)}" for run in pending]
+    times = {}
+    for ident, run in done.items():
+        if ident[:3] in cells and run.get("wall_time_s"):
+            times.setdefault(ident[:3], []).append(run["wall_time_s"])
+    known = [float(np.median(times[run[:3]])) for run in pending if run[:3] in times]
+    if known:
+        which = (f"the {len(pending)} starting now" if len(known) == len(pending) else
+                 f"{len(known)} of the {len(pending)} starting now (those in cells with recorded runs)")
+        total = sum(known)
+        lines.append(f"{which}: about {f'{total:.0f} s' if total < 120 else f'{total / 60:.0f} min'} of one process "
+                     "at their cells' median recorded run time")
+    return "\n".join(lines)
+
+
+def run_sweep(settings):
+    """Runs the sweep: every run the protocol allows goes to the executor
+    (--executor: this process, one run at a time; child processes, --processes
+    at once; or Ray tasks, all at once),
+    and each result is recorded here as it comes back, before the pending
+    runs are decided again. Returns every recorded run."""
+    os.makedirs(settings.out, exist_ok=True)
+    path, done = checked_log(settings, repair=True)
     mark_protocol(settings, settings.out)
     executor = executor_for(settings)
     cells = set(protocol.cells(settings))
