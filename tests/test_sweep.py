@@ -277,7 +277,7 @@ def test_table1_report_compares_the_best_rate_with_its_neighbours_and_the_method
     assert rows["SkipInit (alpha = 0) (2^-3) − Batch Normalization (2^-3)"][2] == "-9.0"
 
 
-def test_depth_report_gives_trained_fractions_with_intervals_and_fishers_p_against_the_first_method(tmp_path, monkeypatch):
+def test_depth_report_gives_trained_fractions_with_intervals_and_fishers_p(tmp_path, monkeypatch):
     """Fixup Fig. 3's claims are fractions of seeds that train: the depth table adds each method's count per
     depth and pooled, its Wilson interval and the one-sided Fisher p against the first method; p by hand
     (1 of 3 against 3 of 3: C(4,1) C(2,2) / C(6,3) = 0.2; 0 of 3: 1/20) and from scipy for the pooled cell."""
@@ -285,8 +285,8 @@ def test_depth_report_gives_trained_fractions_with_intervals_and_fishers_p_again
 
     def train(config):  # BatchNorm trains at every depth; Fixup in seed 0 at depth 10 only
         ok = config.normalization == "batchnorm" or (config.depth == 10 and config.seed == 0)
-        return {"status": "completed", "eval_split": "test", "eval_top1": 0.6 if ok else 0.1, "train_cross_entropy": 1.0,
-                "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.6 if ok else 0.1,
+                "train_cross_entropy": 1.0, "wall_time_s": 1.0, "chief": True, "config": dataclasses.asdict(config)}
 
     fake_training(monkeypatch, train)
     sweep.main(["--protocol=depth", "--depths=10,22", "--methods=batchnorm,fixup", "--lrs=0.1", "--seeds=3",

@@ -182,7 +182,7 @@ def welch(a, b, level=0.95):
     if va + vb == 0:
         return difference, difference, difference
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    from scipy import stats  # scipy comes with mlxtend, a core dependency; imported when a report compares
+    from scipy import stats  # a core dependency (setup.py), imported where a report compares
 
     half = float(stats.t.ppf((1 + level) / 2, df)) * math.sqrt(va + vb)
     return difference, difference - half, difference + half

@@ -11,9 +11,9 @@ from keras_skipinit import files
 from keras_skipinit.sweep import factors, log, plots
 from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PAPER_TABLE1
-from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row, fisher_less,
-                                           grid_edge, half_rates, in_cell, log2_label, lr_key, lr_label, run_ident, stability_edge,
-                                           summarize, survival, trained, welch, wilson)
+from keras_skipinit.sweep.protocol import (EDGE, EXPERIMENT, FINAL, LOSS_MARGIN, SELECT, SURVIVAL, best_row,
+                                           fisher_less, grid_edge, half_rates, in_cell, log2_label, lr_key, lr_label,
+                                           run_ident, stability_edge, summarize, survival, trained, welch, wilson)
 
 
 def protocol_batch(run):
@@ -168,25 +168,27 @@ def _trained_compared(details, args):
     depth and over all depths, and against the first method's (one-sided
     Fisher exact p: does the method train less often?)."""
     first = next((key for key in args.methods if any(f"{key}/depth{d}" in details for d in args.depths)), None)
+
+    def pooled(cells):
+        return {"trained": sum(c["trained"] for c in cells), "runs": sum(c["runs"] for c in cells)}
+
     lines = []
     for key in args.methods:
-        cells = [(str(d), details.get(f"{key}/depth{d}"), details.get(f"{first}/depth{d}")) for d in args.depths]
-        cells = [(name, c, ref) for name, c, ref in cells if c]
-        if len(cells) > 1:
-            pooled = {"trained": sum(c["trained"] for _, c, _ in cells), "runs": sum(c["runs"] for _, c, _ in cells)}
-            refs = [ref for _, _, ref in cells]
-            ref = (None if None in refs else {"trained": sum(r["trained"] for r in refs), "runs": sum(r["runs"] for r in refs)})
-            cells.append(("all", pooled, ref))
-        for name, c, ref in cells:
-            low, high = wilson(c["trained"], c["runs"])
-            p = ("—" if key == first or ref is None else
-                 f"{fisher_less(c['trained'], c['runs'], ref['trained'], ref['runs']):.3g}")
-            lines.append(f"| {METHOD_SETTINGS[key][0]} | {name} | {c['trained']}/{c['runs']} | {_percent((low, high))} | {p} |")
+        rows = [(str(d), details[f"{key}/depth{d}"], details.get(f"{first}/depth{d}")) for d in args.depths
+                if f"{key}/depth{d}" in details]
+        if len(rows) > 1:
+            refs = [ref for _, _, ref in rows]
+            rows.append(("all", pooled([cell for _, cell, _ in rows]), None if None in refs else pooled(refs)))
+        for name, cell, ref in rows:
+            k, n = cell["trained"], cell["runs"]
+            p = "—" if key == first or ref is None else f"{fisher_less(k, n, ref['trained'], ref['runs']):.3g}"
+            lines.append(f"| {METHOD_SETTINGS[key][0]} | {name} | {k}/{n} | {_percent(wilson(k, n))} | {p} |")
     if not lines:
         return ""
     return (f"\n\nRuns that trained (above {100 * args.chance:g}% without diverging), with 95% Wilson intervals; p: "
             f"one-sided Fisher exact test that the method trains less often than {METHOD_SETTINGS[first][0]} at the "
-            "same depths\n\n| method | depth | trained | 95% interval | p |\n|---|---|---|---|---|\n" + "\n".join(lines))
+            "same depths\n\n| method | depth | trained | 95% interval | p |\n|---|---|---|---|---|\n"
+            + "\n".join(lines))
 
 
 
