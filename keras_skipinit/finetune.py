@@ -5,7 +5,7 @@ The source is a train.py model_dir (its newest state), a `.keras` file, or a
 weights file (`model.save_weights`, `.weights.h5`: weights without the model,
 read into this run's architecture with the file's class count). Its layers'
 weights are copied into the new model's layers of the same name:
-every layer but the head must match (the same architecture, method, depth,
+every layer but the head must match, both ways (the same architecture, method, depth,
 width, looping and input channels; the image size may differ), else one
 line names what differs. The head (the classifier, and Fixup's scalar bias
 before it: `BlockOps.head`) is copied when the class count matches, and
@@ -99,6 +99,13 @@ def load_into(model, path, rebuild):
                              "--model, --depth, --width, --normalization, --loop_blocks and image channels")
         else:
             body.append(layer)
+    mine = {layer.name for layer in model.layers}
+    left_out = [name for name, w in theirs.items() if w and name not in mine and name not in HEAD]
+    if left_out:  # e.g. SkipInit's alphas into a model without them: another function, not a start from it
+        raise ValueError(f"--init_from={path}: its layer {left_out[0]!r}"
+                         + (f" and {len(left_out) - 1} more have" if len(left_out) > 1 else " has")
+                         + " no place in this model: the source needs the same --model, --depth, --width, "
+                         "--normalization, --loop_blocks and image channels")
     for layer in body:
         layer.set_weights(theirs[layer.name])
     if head and all(same for _, same in head):

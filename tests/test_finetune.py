@@ -74,6 +74,17 @@ def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, chan
     assert not (tmp_path / "run").exists()
 
 
+def test_a_keras_file_with_layers_this_model_lacks_is_refused(source_and_folder, tmp_path):
+    """A .keras file records no settings: SkipInit's run loaded into a model without normalization or
+    scaling (the same convolutions, no alphas) copied the convolutions and dropped the trained alphas
+    silently, another function than the source's. Now one line names a layer left out."""
+    source, folder = source_and_folder
+    model, _, _ = run_dir.newest_model(str(source))
+    model.save(tmp_path / "digits.keras")
+    with pytest.raises(ValueError, match="its layer 'group1_block1_skipinit' and 2 more have no place in this model"):
+        tune(tmp_path, tmp_path / "digits.keras", folder, "other", normalization="none", alpha_init=None)
+
+
 def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path):
     """--init_from=FILE.weights.h5 (model.save_weights: no architecture in
     it): read into this run's architecture with the file's 10 classes, the
