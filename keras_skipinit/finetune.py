@@ -7,7 +7,9 @@ read into this run's architecture with the file's class count). Its layers'
 weights are copied into the new model's layers of the same name:
 every layer but the head must match, both ways (the same architecture, method, depth,
 width, looping and input channels; the image size may differ), else one
-line names what differs. The head (the classifier, and Fixup's scalar bias
+line names what differs; a model_dir, and a .keras file train.py saved,
+record their settings, checked before any work (methods whose layers
+coincide, e.g. /sqrt(2) and no scaling, differ only there). The head (the classifier, and Fixup's scalar bias
 before it: `BlockOps.head`) is copied when the class count matches, and
 otherwise keeps the method's own initialization (zero for Fixup). Only a
 run's first start loads the source: a resumed run continues from its own
@@ -17,7 +19,7 @@ checkpoint.
 import os
 
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
-SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # the settings a model_dir source must share
+SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
 
 
 def check(config):
@@ -29,19 +31,21 @@ def check(config):
         return
     if config.lsuv:
         raise ValueError("lsuv initializes a model from scratch; --init_from starts it from another run's weights")
+    from keras_skipinit import run_dir
+
     path = config.init_from
     if os.path.isdir(path):
-        from keras_skipinit import run_dir
-
         if not os.path.exists(os.path.join(path, run_dir.SPEC)):
             raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
         recorded = run_dir.read_spec(path)["config"]
-        differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
-                  if recorded.get(k, getattr(config, k)) != getattr(config, k)]
-        if differ:
-            raise ValueError(f"--init_from={path} was trained with another model: {'; '.join(differ)}")
     elif not os.path.isfile(path) or not path.endswith((".keras", WEIGHTS)):
         raise ValueError(f"--init_from={path}: no such train.py model_dir, .keras or {WEIGHTS} file")
+    else:  # a .keras file train.py saved records its model's settings (a weights file records none)
+        recorded = (run_dir.keras_metadata(path) or {}).get("settings") or {}
+    differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
+              if recorded.get(k, getattr(config, k)) != getattr(config, k)]
+    if differ:
+        raise ValueError(f"--init_from={path} was trained with another model: {'; '.join(differ)}")
 
 
 WEIGHTS = ".weights.h5"  # model.save_weights' files

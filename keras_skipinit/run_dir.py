@@ -262,15 +262,17 @@ def read_spec(model_dir):
 # --- .keras files with their preprocessing ------------------------------------------------
 
 
-def save_model(model, path, preprocessing):
+def save_model(model, path, preprocessing, settings=None):
     """`model.save(path)` with the evaluation preprocessing and input shape
-    inside the .keras zip (`keras_skipinit.json`), so export never guesses."""
+    inside the .keras zip (`keras_skipinit.json`), so export never guesses;
+    `settings`: the model's (`finetune.SAME`), so --init_from can check them."""
     preprocessing_lib.get(preprocessing)
     files.check_space(os.path.dirname(os.path.abspath(path)), model.weights, os.path.basename(path))
     with files.removed_on_failure(path + ".tmp.keras") as tmp:
         model.save(tmp)
         with zipfile.ZipFile(tmp, "a") as archive:
-            archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing}))
+            archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing,
+                                                         **({"settings": settings} if settings else {})}))
         os.replace(tmp, path)
 
 

@@ -64,9 +64,14 @@ def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_
     (dict(normalization="fixup", alpha_init=None), "--normalization=skipinit there, fixup here"),
     (dict(init_from="nowhere.keras"), "no such train.py model_dir, .keras or .weights.h5 file"),
     (dict(init_from=None, freeze_backbone=True), "freeze_backbone trains the classifier"),
+    # The run's model.keras records its settings: the same layers under another method (/sqrt(2) scales the
+    # branches of a network with the same convolutions as no scaling) is refused too.
+    (dict(init_from="model.keras", normalization="none", alpha_init=None), "--normalization=skipinit there, none"),
 ])
 def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, change, match):
     source, folder = source_and_folder
+    if change.get("init_from") == "model.keras":
+        change = {**change, "init_from": str(source / "model.keras")}
     config = training.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", init_from=str(source),
                                        model_dir=str(tmp_path / "run")), **change})
     with pytest.raises(ValueError, match=match):
