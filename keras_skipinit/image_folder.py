@@ -21,6 +21,9 @@ backend and feed): once, in threads, into memory (`data` then feeds them as
 any in-memory dataset), or, where they would take more than half the memory
 available, each time a batch needs them (`numpy_data.Records` over `Files`:
 the NumPy feed's reader threads, or tf.data's parallel map on TensorFlow).
+The train split's images are in one fixed shuffled order (`ORDER_SEED`),
+so a held-out tail (--validation_examples) or a head (--train_examples)
+holds every class, as a TFDS split's or Keras' seeded shuffle would.
 Bad folders are one line (ValueError) before any training: a missing folder
 or split, a class folder without images, a split whose classes differ from
 train's, a file that is not a readable image (`skip_bad`: skipped and
@@ -36,6 +39,9 @@ import os
 import numpy as np
 
 SPLITS = ("train", "test", "validation", "val")
+# The train split's images come in one fixed shuffled order (the same for every run, as a TFDS split's is), so that
+# --validation_examples (the last N) and --train_examples (the first N) span the classes, not the last or first ones.
+ORDER_SEED = 0
 _GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
 
@@ -184,6 +190,8 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     found, evaluated = layout(path)
     files = [(split, label, f) for split in ("train", evaluated)
              for label, name in enumerate(found[split]) for f in found[split][name]]
+    trained = sum(split == "train" for split, _, _ in files)  # the train split first, in class order: mix it
+    files = [files[i] for i in np.random.default_rng(ORDER_SEED).permutation(trained)] + files[trained:]
     with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
         headers = list(pool.map(_header, (f for _, _, f in files)))
     skipped = []

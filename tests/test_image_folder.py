@@ -63,6 +63,19 @@ def test_images_in_a_class_subfolder_count_as_that_class_and_hidden_files_do_not
     assert list(np.bincount(folder.train[1])) == [8, 8 + 3, 8] and folder.classes == ("one", "seven", "zero")
 
 
+def test_a_held_out_tail_and_a_first_n_of_a_folder_hold_every_class(tmp_path):
+    """A folder lists its training images class by class: --validation_examples (the last N) held out one
+    class and --train_examples (the first N) trained on another, silently. Its training images now come in
+    one fixed shuffled order: both hold every class, and two reads agree."""
+    root = str(write_folder(tmp_path / "f", per_class=(40, 2)))
+    dataset = data_lib.load(root, train_examples=30, validation_examples=30)
+    (_, y_train), (_, y_held) = data_lib.pair(dataset.train), data_lib.pair(dataset.test)
+    assert len(y_train) == 30 and len(y_held) == 30 and dataset.eval_split == "validation"
+    assert set(y_train.tolist()) == set(y_held.tolist()) == {0, 1, 2}
+    again = data_lib.load(root, train_examples=30, validation_examples=30)
+    assert np.array_equal(data_lib.pair(again.test)[1], y_held)
+
+
 def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_path):
     root = tmp_path / "f"
     for split in ("train", "test"):
