@@ -262,17 +262,18 @@ def read_spec(model_dir):
 # --- .keras files with their preprocessing ------------------------------------------------
 
 
-def save_model(model, path, preprocessing, settings=None):
+def save_model(model, path, preprocessing, settings=None, labels=None):
     """`model.save(path)` with the evaluation preprocessing and input shape
     inside the .keras zip (`keras_skipinit.json`), so export never guesses;
-    `settings`: the model's (`finetune.SAME`), so --init_from can check them."""
+    `settings`: the model's (`finetune.SAME`), so --init_from can check them;
+    `labels`: the class names, for predict and exports of the file alone."""
     preprocessing_lib.get(preprocessing)
     files.check_space(os.path.dirname(os.path.abspath(path)), model.weights, os.path.basename(path))
     with files.removed_on_failure(path + ".tmp.keras") as tmp:
         model.save(tmp)
         with zipfile.ZipFile(tmp, "a") as archive:
-            archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing,
-                                                         **({"settings": settings} if settings else {})}))
+            extra = {k: v for k, v in (("settings", settings), ("labels", labels and list(labels))) if v}
+            archive.writestr(KERAS_METADATA, json.dumps({"preprocessing": preprocessing, **extra}))
         os.replace(tmp, path)
 
 

@@ -331,7 +331,7 @@ def _finish(run, diverged, final_eval, eval_ds, eval_steps):
         backends=run.backends)  # every one it used
     if not diverged:
         run_dir.save_model(model, os.path.join(run.out_dir, run_dir.MODEL), run.dataset.preprocessing,
-                           {k: getattr(run.config, k) for k in finetune.SAME})
+                           {k: getattr(run.config, k) for k in finetune.SAME}, run.dataset.label_names)
     files.write_json(os.path.join(run.out_dir, run_dir.RESULTS), results)
     if run.interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
         return {**results, "signal": run.interrupt.signal}

@@ -6,12 +6,13 @@ TensorFlow (CI's third stage): the reader is PIL and NumPy only."""
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from keras_skipinit import data as data_lib, digits, image_folder, training
+from keras_skipinit import data as data_lib, digits, image_folder, run_dir, training
 
 CLASSES = {"one": 1, "seven": 7, "zero": 0}  # folder name -> digit; sorted names give labels 0, 1, 2
 
@@ -172,6 +173,12 @@ def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path):
     spec = json.load(open(tmp_path / "run" / "model_spec.json"))
     assert spec["labels"] == ["one", "seven", "zero"]
     assert spec["model"]["input_shape"] == [32, 32, 1]
+    # The run's model.keras carries them too: predict names the classes from the file alone.
+    from keras_skipinit.predict import cli as predict
+
+    alone = tmp_path / "alone.keras"
+    shutil.copy(tmp_path / "run" / run_dir.MODEL, alone)
+    assert predict.load(str(alone)).labels == {0: "one", 1: "seven", 2: "zero"}
 
 
 def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):

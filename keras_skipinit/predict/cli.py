@@ -15,8 +15,8 @@ Images (files, or folders searched recursively for JPEG, PNG, BMP, GIF and
 WebP) are decoded by PIL into the model's channels and evaluation size: the
 shorter side resized to the model's size and the centre square kept (for
 ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
-training folder. Class names: the run's, or `<file>.labels.txt` beside an
-exported file (else the class index). An unreadable image is a line on
+training folder. Class names: the run's (a .keras file train.py saved carries
+them), or `<file>.labels.txt` beside an exported file (else the class index). An unreadable image is a line on
 stderr; the others are answered, and the exit status is then 1. Exit 2: bad
 flags or a bad --source; 5: --output could not be written; 0: every image answered.
 """
@@ -112,7 +112,8 @@ def _keras(source):
         labels = run_dir.read_spec(source).get("labels")
     elif os.path.isfile(source):
         model, description = run_dir.load_keras(source), source
-        preprocessing = (run_dir.keras_metadata(source) or {}).get("preprocessing")
+        metadata = run_dir.keras_metadata(source) or {}
+        preprocessing, labels = metadata.get("preprocessing"), metadata.get("labels")
         if preprocessing is None:
             raise ValueError(f"--source={source} does not record the preprocessing it was trained with (a .keras "
                              "file train.py did not save)")
