@@ -120,6 +120,22 @@ def load_into(model, path, rebuild):
             f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).")
 
 
+def preprocessing_note(path, preprocessing):
+    """A line where the source (a model_dir, or a .keras file train.py saved)
+    was trained on other input preprocessing than this run's, else None: its
+    first layers learned inputs scaled otherwise (a weights file records none)."""
+    from keras_skipinit import run_dir
+
+    if os.path.isdir(path):
+        theirs = run_dir.read_spec(path).get("preprocessing")
+    else:
+        theirs = (run_dir.keras_metadata(path) or {}).get("preprocessing") if path.endswith(".keras") else None
+    if theirs is None or theirs == preprocessing:
+        return None
+    return (f"Note: --init_from={path} was trained on inputs preprocessed by {theirs}; this run's are by "
+            f"{preprocessing} (--preprocessing chooses).")
+
+
 def freeze_backbone(model):
     """Every layer but the head stops training (BatchNorm then uses its moving statistics)."""
     for layer in model.layers:

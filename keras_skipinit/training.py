@@ -207,7 +207,8 @@ def _start_or_restore(run):
             started = finetune.load_into(model, config.init_from, lambda classes: build_model(
                 config, run.dataset, classes=classes))
             if run.chief:
-                print(started, flush=True)
+                note = finetune.preprocessing_note(config.init_from, run.dataset.preprocessing)
+                print(started + (f"\n{note}" if note else ""), flush=True)
         if config.lsuv and first_start:
             images, _ = pipelines.first_batch(pipelines.train_pipeline(run.dataset, run.micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)

@@ -51,6 +51,17 @@ def test_a_new_head_on_the_runs_backbone_and_a_linear_probe(source_and_folder, t
     assert not np.allclose(frozen["predictions"][0], mine["predictions"][0])
 
 
+def test_a_start_on_other_preprocessing_says_so(source_and_folder, tmp_path, capsys):
+    """The digits run standardized each image; a fine-tuning run on the folder's per-channel statistics
+    feeds its first layers otherwise scaled inputs: one note line, and none where they agree."""
+    source, folder = source_and_folder
+    tune(tmp_path, source, folder, "same")
+    assert "Note: --init_from" not in capsys.readouterr().out
+    tune(tmp_path, source, folder, "other", preprocessing="mean_std")
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Note: --init_from")]
+    assert "preprocessed by standardize; this run's are by mean_std(" in note
+
+
 def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_folder, tmp_path, monkeypatch):
     source, folder = source_and_folder
     tune(tmp_path, source, folder, "resumed", learning_rate=0.01)
