@@ -145,9 +145,10 @@ def _labels(model):
     if F.labels is not None:
         return runtimes.read_labels(F.labels, classes)
     if _run_of(F.source):
-        labels = run_dir.read_spec(_run_of(F.source)).get("labels") or None
-        return labels if labels and len(labels) == classes else None
-    return None
+        labels = run_dir.read_spec(_run_of(F.source)).get("labels")
+    else:  # a .keras file train.py saved carries them
+        labels = (run_dir.keras_metadata(F.source) or {}).get("labels")
+    return labels if labels and len(labels) == classes else None
 
 
 def _data():

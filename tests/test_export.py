@@ -283,9 +283,15 @@ def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     for w in newer.trainable_weights:
         w.assign(w + 0.01)
     Checkpoint(str(later / "checkpoint")).save(newer, 1, 1)  # as if resumed to epoch 2 and killed
+    alone = tmp_path / "alone.keras"  # the run's model.keras copied out of its run: it carries the class names
+    shutil.copy(finished / "model.keras", alone)
     results = run_cli_cases("export", [[f"--source={finished}", f"--base_path={tmp_path}/serving"],
-                                       [f"--source={later}", f"--base_path={tmp_path}/serving"]], ROOT)
-    (done, done_out, done_err), (status, out, err) = results
+                                       [f"--source={later}", f"--base_path={tmp_path}/serving"],
+                                       [f"--source={alone}", f"--base_path={tmp_path}/serving"]], ROOT)
+    (done, done_out, done_err), (status, out, err), (alone_status, _, alone_err) = results
+    assert alone_status == 0, alone_err[-2000:]
+    signature = tf.saved_model.load(str(tmp_path / "serving" / "alone" / "1")).signatures["serving_default"]
+    assert "top_k_labels" in signature.structured_outputs
     assert done == 0 and "(epoch 1)" in done_out, done_err[-2000:]
     assert status == 0 and "(epoch 1, step 1)" in out, err[-2000:]
     images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
