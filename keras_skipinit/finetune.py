@@ -37,11 +37,9 @@ def check(config):
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, run_dir.SPEC)):
             raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
-        recorded = run_dir.read_spec(path)["config"]
     elif not os.path.isfile(path) or not path.endswith((".keras", WEIGHTS)):
         raise ValueError(f"--init_from={path}: no such train.py model_dir, .keras or {WEIGHTS} file")
-    else:  # a .keras file train.py saved records its model's settings (a weights file records none)
-        recorded = (run_dir.keras_metadata(path) or {}).get("settings") or {}
+    recorded = _record(path)[0]
     differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
               if recorded.get(k, getattr(config, k)) != getattr(config, k)]
     if differ:
@@ -120,16 +118,23 @@ def load_into(model, path, rebuild):
             f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).")
 
 
+def _record(path):
+    """(model settings, preprocessing) a source records: a model_dir's spec, a
+    .keras file train.py saved; ({}, None) where there are none (a weights file)."""
+    from keras_skipinit import run_dir
+
+    if os.path.isdir(path):
+        spec = run_dir.read_spec(path)
+        return spec["config"], spec.get("preprocessing")
+    metadata = (run_dir.keras_metadata(path) if path.endswith(".keras") else None) or {}
+    return metadata.get("settings") or {}, metadata.get("preprocessing")
+
+
 def preprocessing_note(path, preprocessing):
     """A line where the source (a model_dir, or a .keras file train.py saved)
     was trained on other input preprocessing than this run's, else None: its
     first layers learned inputs scaled otherwise (a weights file records none)."""
-    from keras_skipinit import run_dir
-
-    if os.path.isdir(path):
-        theirs = run_dir.read_spec(path).get("preprocessing")
-    else:
-        theirs = (run_dir.keras_metadata(path) or {}).get("preprocessing") if path.endswith(".keras") else None
+    theirs = _record(path)[1]
     if theirs is None or theirs == preprocessing:
         return None
     return (f"Note: --init_from={path} was trained on inputs preprocessed by {theirs}; this run's are by "
