@@ -20,6 +20,7 @@ import os
 
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
 SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
+NEEDS = "the same " + ", ".join(f"--{name}" for name in SAME) + " and image channels"  # what a source must share
 
 
 def check(config):
@@ -74,8 +75,7 @@ def _source(path, rebuild):
             model.load_weights(path)
         except ValueError as e:  # another architecture's layers
             raise ValueError(f"--init_from={path} holds the weights of another model ({str(e).splitlines()[0]}): "
-                             "it needs the same --model, --depth, --width, --normalization, --loop_blocks and "
-                             "image channels") from None
+                             f"it needs {NEEDS}") from None
         return model, path
     return run_dir.load_keras(path), path
 
@@ -97,8 +97,7 @@ def load_into(model, path, rebuild):
         elif not same:
             found = ("has no such layer" if layer.name not in theirs else
                      f"{[w.shape for w in theirs[layer.name]]} there, {[w.shape for w in mine]} here")
-            raise ValueError(f"--init_from={path}: layer {layer.name!r} differs ({found}): the source needs the same "
-                             "--model, --depth, --width, --normalization, --loop_blocks and image channels")
+            raise ValueError(f"--init_from={path}: layer {layer.name!r} differs ({found}): the source needs {NEEDS}")
         else:
             body.append(layer)
     mine = {layer.name for layer in model.layers}
@@ -106,8 +105,7 @@ def load_into(model, path, rebuild):
     if left_out:  # e.g. SkipInit's alphas into a model without them: another function, not a start from it
         raise ValueError(f"--init_from={path}: its layer {left_out[0]!r}"
                          + (f" and {len(left_out) - 1} more have" if len(left_out) > 1 else " has")
-                         + " no place in this model: the source needs the same --model, --depth, --width, "
-                         "--normalization, --loop_blocks and image channels")
+                         + f" no place in this model: the source needs {NEEDS}")
     for layer in body:
         layer.set_weights(theirs[layer.name])
     if head and all(same for _, same in head):
