@@ -983,6 +983,32 @@ def test_batch_scaling_centres_each_batch_on_the_proportional_rate_chooses_on_va
     assert (tmp_path / "sweep.png").stat().st_size > 10000
 
 
+def test_batch_scaling_report_compares_the_methods_at_each_batch(tmp_path, monkeypatch):
+    """SkipInit Fig. 3's claims compare methods per batch size: the report gives the first method minus the
+    other over the final runs, test accuracy and training cross-entropy, with Welch's interval; hand-made runs
+    (final seeds 0 and 1: Ghost BatchNorm 90 and 91%, SkipInit 80 and 82%, cross-entropy 1 - accuracy)."""
+    def train(config):
+        peak = -7 + math.log2(config.batch_size / 64)
+        gbn = config.normalization == "ghost_batchnorm"
+        acc = (0.9 if gbn else 0.8) + (0.01 if gbn else 0.02) * config.seed
+        acc -= 0.1 * abs(math.log2(config.learning_rate) - peak)
+        return {"status": "completed", "eval_top1": acc, "train_cross_entropy": 1 - acc, "wall_time_s": 1.0,
+                "chief": True, "eval_split": "validation" if config.validation_examples else "test",
+                "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    sweep.main(["--preset=batch_scaling_fashion_mnist", "--methods=ghost_batchnorm,skipinit", "--batch_sizes=64",
+                "--centre_log2_lrs=ghost_batchnorm=-7,skipinit=-7", "--batch_size=64", f"--out={tmp_path}",
+                f"--runs_dir={tmp_path}/runs"])
+    rows = {tuple(line.split(" | ")[1:3]): line.split(" | ")[3:] for line in
+            (tmp_path / "table.md").read_text().splitlines() if " − " in line}
+    _, low, high = protocol.welch([90, 91], [80, 82])
+    assert rows["64", "test accuracy (points)"] == ["+9.5", f"{low:+.1f} .. {high:+.1f}", "2/2, 2/2 |"]
+    d, low, high = protocol.welch([0.10, 0.09], [0.20, 0.18])
+    assert d == pytest.approx(-0.095)
+    assert rows["64", "training cross-entropy"][1] == f"{low:+.2f} .. {high:+.2f}"
+
+
 @pytest.mark.parametrize("other,refusal", [
     (["--train_examples=200"], "holds runs of another experiment"),
     (["--preset=fixup_fig3", "--depths=10"], "holds runs of another experiment"),

@@ -115,16 +115,41 @@ def comparisons(runs, args, split, finals=False):
             "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def _compared(label, depth, on, runs_a, runs_b, chance):
-    """One row of `comparisons`."""
-    a, b = ([100 * r["test_top1"] for r in side if trained(r, chance)] for side in (runs_a, runs_b))
+def _compared(label, where, on, runs_a, runs_b, chance, value=lambda r: 100 * r["test_top1"], digits=1):
+    """One row of `comparisons`: `value` (test accuracy in points unless
+    given) of side a minus side b over each side's trained runs."""
+    a, b = ([value(r) for r in side if trained(r, chance)] for side in (runs_a, runs_b))
     interval = welch(a, b)
     if interval is not None:
-        difference, span = f"{interval[0]:+.1f}", f"{interval[1]:+.1f} .. {interval[2]:+.1f}"
+        difference, span = f"{interval[0]:+.{digits}f}", f"{interval[1]:+.{digits}f} .. {interval[2]:+.{digits}f}"
     else:
-        difference, span = (f"{np.mean(a) - np.mean(b):+.1f}" if a and b else "—"), "—"
-    return (f"| {label} | {depth} | {on} | {difference} | {span} | "
+        difference, span = (f"{np.mean(a) - np.mean(b):+.{digits}f}" if a and b else "—"), "—"
+    return (f"| {label} | {where} | {on} | {difference} | {span} | "
             f"{len(a)}/{len(runs_a)}, {len(b)}/{len(runs_b)} |")
+
+
+def batch_comparisons(runs, args):
+    """SkipInit Fig. 3's claims compare methods at each batch size: the first
+    method minus each other at their chosen rates, over the final runs'
+    test accuracy (points) and final training cross-entropy (Fig. 3(b)),
+    with Welch's 95% interval. A section of table.md, or "" (one method)."""
+    rows, depth = [], args.depths[0]
+    (first, *others) = args.methods
+    for batch in args.batch_sizes:
+        a = in_cell(runs, (first, depth, batch), FINAL)
+        for key in others:
+            b = in_cell(runs, (key, depth, batch), FINAL)
+            if a and b:
+                label = f"{METHOD_SETTINGS[first][0]} − {METHOD_SETTINGS[key][0]}"
+                rows.append(_compared(label, batch, "test accuracy (points)", a, b, args.chance))
+                rows.append(_compared(label, batch, "training cross-entropy", a, b, args.chance,
+                                      lambda r: r["train_cross_entropy"], digits=2))
+    if not rows:
+        return ""
+    return ("\nMethods compared at each batch size (final runs at each method's chosen rate): the difference of "
+            "means over each side's trained runs, with Welch's 95% interval (—: fewer than 2 trained runs a side); "
+            "trained: runs that trained / runs, per side\n\n| compared | batch | on | difference | 95% interval "
+            "| trained |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def _borrow(details, beside):
@@ -422,7 +447,7 @@ def report(runs, args):
         text = (f"{arch(args, args.depths[0])}, {args.dataset}, {args.epochs} epochs at every batch size; learning rate "
                 f"chosen on {args.validation_examples} training images held out, then {_finals(args)} (test accuracy, "
                 f"final training cross-entropy without L2: mean ± std)\n\n"
-                f"{table}\n")
+                f"{table}\n" + batch_comparisons(runs, args))
         plots.plot_batch_scaling(details, args)
     elif args.protocol == "converged":
         table, details = converged_table(runs, args)
