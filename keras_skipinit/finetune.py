@@ -9,7 +9,9 @@ every layer but the head must match, both ways (the same architecture, method, d
 width, looping and input channels; the image size may differ), else one
 line names what differs; a model_dir, and a .keras file train.py saved,
 record their settings, checked before any work (methods whose layers
-coincide, e.g. /sqrt(2) and no scaling, differ only there). The head (the classifier, and Fixup's scalar bias
+coincide, e.g. /sqrt(2) and no scaling, differ only there; a source that
+records none, a weights file, is taken to be this run's method, and a note
+says so). The head (the classifier, and Fixup's scalar bias
 before it: `BlockOps.head`) is copied when the class count matches, and
 otherwise keeps the method's own initialization (zero for Fixup). Only a
 run's first start loads the source: a resumed run continues from its own
@@ -108,12 +110,16 @@ def load_into(model, path, rebuild):
                          + f" no place in this model: the source needs {NEEDS}")
     for layer in body:
         layer.set_weights(theirs[layer.name])
+    unchecked = ("" if _record(path)[0] else  # a weights file, a .keras file not from train.py
+                 f"\nNote: --init_from={path} records no settings or preprocessing: its layers match this model's, "
+                 "so its method (methods whose layers coincide, /sqrt(2) and no scaling, differ only in settings) "
+                 "and preprocessing are taken to be this run's.")
     if head and all(same for _, same in head):
         for layer, _ in head:
             layer.set_weights(theirs[layer.name])
-        return f"Started from {description}: {len(body)} layers and the classifier."
+        return f"Started from {description}: {len(body)} layers and the classifier.{unchecked}"
     return (f"Started from {description}: {len(body)} layers; the classifier re-initialized "
-            f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).")
+            f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).{unchecked}")
 
 
 def _record(path):

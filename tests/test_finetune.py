@@ -101,11 +101,12 @@ def test_a_keras_file_with_layers_this_model_lacks_is_refused(source_and_folder,
         tune(tmp_path, tmp_path / "digits.keras", folder, "other", normalization="none", alpha_init=None)
 
 
-def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path):
+def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path, capsys):
     """--init_from=FILE.weights.h5 (model.save_weights: no architecture in
     it): read into this run's architecture with the file's 10 classes, the
-    backbone copied and the 3-class head new; the sweep passes --init_from and
-    --freeze_backbone to its runs as experiment settings."""
+    backbone copied and the 3-class head new, with a note that its settings
+    could not be checked; the sweep passes --init_from and --freeze_backbone
+    to its runs as experiment settings."""
     from keras_skipinit.sweep import cli, runner
 
     source, folder = source_and_folder
@@ -115,6 +116,7 @@ def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path
     results, tuned = tune(tmp_path, path, folder, "from_weights", learning_rate=1e-9)
     theirs, mine = weights(source), weights(tuned)
     assert results["status"] == "completed" and mine["predictions"][0].shape[-1] == 3
+    assert f"Note: --init_from={path} records no settings or preprocessing" in capsys.readouterr().out
     for name in ("stem_conv", "group3_block1_2_conv"):
         np.testing.assert_allclose(mine[name][0], theirs[name][0], atol=1e-6)
     (tmp_path / "not.weights.h5").write_bytes(b"no hdf5")
