@@ -155,13 +155,19 @@ def budget_long():
         python -m keras_skipinit.sweep --preset=budget_long --out=docs/budget/updates2400
         python -m keras_skipinit.sweep --preset=budget_long --methods=skipinit \\
             --chosen_log2_lrs=skipinit=-5 --out=docs/budget/updates2400/skipinit_2-5
+        python -m keras_skipinit.sweep --preset=budget_long --depths=100 \\
+            --centre_log2_lrs=skipinit=-5,batchnorm=-4 --executor=processes \\
+            --processes=2 --out=docs/budget/updates2400_depth100
 
-    The second: SkipInit's final seeds one octave under its chosen rate
-    (the rate the mean of 3 seeds would choose). 24 + 3 runs of ~11
-    (SkipInit) to ~20 (BatchNorm) min alone on 2 AVX2-only CPU cores, done
-    over three sessions: 9.4 h of run time, two at once (rerun to resume; a
-    run killed mid-way resumes from its last epoch where its --runs_dir
-    survives). Budget and results: docs/budget/README.md."""
+    The first: 24 + 3 runs of ~11 (SkipInit) to ~20 (BatchNorm) min alone
+    on 2 AVX2-only CPU cores, done over three sessions: 9.4 h of run time,
+    two at once. The second: SkipInit's final seeds one octave under its
+    chosen rate (the rate the mean of 3 seeds would choose). The third:
+    depth 100, the grids around its 600-update optima, 24 runs of 35-65 min
+    two at once on 2 AVX512_BF16 Xeon cores (17.7 h of run time for the
+    first 21, over sessions). Rerun to resume (a run killed mid-way resumes
+    from its last epoch where its --runs_dir survives). Budget and results:
+    docs/budget/README.md."""
     return {**budget(), "protocol": "converged", "methods": ["skipinit", "batchnorm"], "epochs": 16,
             "validation_examples": 5000, "final_seeds": 3, "final_seed_start": 3,
             "centre_log2_lrs": dict(skipinit=-4, batchnorm=-3)}
