@@ -369,6 +369,23 @@ def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(
         assert why in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag,line", [
+    ("--log2_lrs=-5,abc", "argument --log2_lrs: expected whole or half octaves (e.g. -6,-4.5), got '-5,abc'"),
+    ("--depths=16,a", "argument --depths: expected integers separated by commas (e.g. 16,100), got '16,a'"),
+    ("--lrs=0.1,y", "argument --lrs: expected a number, got 'y'"),
+    ("--cpus_per_run=2,3", "argument --cpus_per_run: expected a number, got '2,3'"),
+    ("--seeds=0", "--seeds must be at least 1"),
+])
+def test_a_bad_number_in_a_sweep_flag_is_one_line_naming_what_was_expected(capsys, flag, line):
+    """argparse words a type function's ValueError as 'invalid _halves value': the sweep's list flags say
+    what they expected instead, and --seeds=0 is named as itself (it was refused as a --best_k error)."""
+    from keras_skipinit.sweep import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args([flag, "--out=unused"])
+    assert exit_info.value.code == 2 and f"error: {line}" in capsys.readouterr().err
+
+
 def test_edge_report_fills_the_depths_it_did_not_run_from_other_sweeps(tmp_path, monkeypatch, capsys):
     """Issue 42.1's one table and plot across depths, when depth 1000 runs 2 of
     2 seeds in its own --out (--beside); a folder that is not an edge sweep is

@@ -10,13 +10,22 @@ from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
 
+def _numbers(convert, text, expected):
+    """`convert` over a comma-separated flag value; a bad item is one argparse
+    line saying what was expected (not "invalid _ints value")."""
+    try:
+        return [convert(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def _ints(text):
-    return [int(v) for v in text.split(",")]
+    return _numbers(int, text, "integers separated by commas (e.g. 16,100)")
 
 
 def _halves(text):
     """Integers or halves (-4.5): octaves and half octaves."""
-    values = [float(v) for v in text.split(",")]
+    values = _numbers(float, text, "whole or half octaves (e.g. -6,-4.5)")
     if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
         raise argparse.ArgumentTypeError(f"expected whole or half octaves (e.g. -6,-4.5), got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
@@ -24,7 +33,10 @@ def _halves(text):
 
 def _finite(text):
     """A float flag's value: NaN and infinity are refused (NaN passes every comparison after)."""
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
@@ -155,6 +167,8 @@ def parse_args(argv=None):
     unknown = [m for m in [*args.methods, *args.centre_log2_lrs, *args.chosen_log2_lrs] if m not in METHOD_SETTINGS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {sorted(METHOD_SETTINGS)}")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     if not 1 <= args.best_k <= args.seeds:
         parser.error("--best_k must be between 1 and --seeds")
     if args.protocol in protocol.CHOOSING and not args.validation_examples:
