@@ -113,6 +113,26 @@ class ArgumentParser(argparse.ArgumentParser):
         refuse(self.prog, f"{message} (--help lists the flags)")
 
 
+def positive_int(text):
+    """An argparse type: a whole number >= 1, else one line saying so."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_ints(text):
+    """An argparse type: whole numbers >= 1 separated by commas."""
+    try:
+        return [positive_int(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (e.g. 16,100), "
+                                         f"got {text!r}") from None
+
+
 @contextlib.contextmanager
 def dropped_log_messages(*texts, logger=""):
     """Python logging records of `logger` (the root's by default) that

@@ -329,9 +329,13 @@ def main(argv=None):
 
     parser = analysis_flags.build_parser()
     args = parser.parse_args(argv)
-    keras.utils.set_random_seed(args.seed)
     if args.function_change:
+        keras.utils.set_random_seed(args.seed)
         return _function_change_cli(args, parser)
+    if args.depths is not None or args.lr is not None:  # would be ignored: the analysis below takes --depth
+        parser.error("--depths and --lr are read with --function_change only; the signal-propagation analysis "
+                     "takes one --depth")
+    keras.utils.set_random_seed(args.seed)
     results = {}
     if args.toy:
         width = args.width if args.width > 1 else (100 if args.toy == "conv_relu_bn" else 1000)
@@ -368,11 +372,13 @@ def _function_change_cli(args, parser):
     unknown = [n for n in names if n not in norm_lib.NORMALIZATIONS]
     if unknown:
         parser.error(f"--normalizations: {unknown} not in {norm_lib.NORMALIZATIONS}")
+    args.lr = 1e-3 if args.lr is None else args.lr
+    args.depths = args.depths or [16, 100, 1000]
     if args.lr <= 0:
         parser.error("--lr must be > 0")
     x, y = real_digits(args.batch_size, args.seed, with_labels=True)
     results = {name: {} for name in names}
-    for depth in (int(d) for d in args.depths.split(",")):
+    for depth in args.depths:
         for name in names:
             try:
                 model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,

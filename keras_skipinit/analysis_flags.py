@@ -12,17 +12,19 @@ def build_parser():
     parser = _cli.ArgumentParser(prog="python -m keras_skipinit.analysis", description=DESCRIPTION)
     parser.add_argument("--model", default="wrn", choices=spec.MODELS)
     parser.add_argument("--toy", choices=TOYS, help="analyse a toy network of App. B/C instead of --model")
-    parser.add_argument("--depth", type=int, default=100,
+    parser.add_argument("--depth", type=_cli.positive_int, default=100,
                         help="WRN depth (6k+4), ResNet depth, CIFAR ResNet depth (6n+2), or toy blocks")
-    parser.add_argument("--width", type=int, default=1, help="WRN width, or toy width (default 1000 for toys)")
+    parser.add_argument("--width", type=_cli.positive_int, default=1, help="WRN width, or toy width (default 1000 for toys)")
     parser.add_argument("--normalizations", default="batchnorm,skipinit,fixup,none")
     parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
-    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--batch_size", type=_cli.positive_int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/spp")
     parser.add_argument("--function_change", action="store_true",
                         help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
                         "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
-    parser.add_argument("--depths", default="16,100,1000", help="with --function_change: WRN depths (6k+4)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="with --function_change: the step's learning rate")
+    parser.add_argument("--depths", type=_cli.positive_ints, default=None,
+                        help="with --function_change: WRN depths (6k+4; default 16,100,1000)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="with --function_change: the step's learning rate (default 1e-3)")
     return parser

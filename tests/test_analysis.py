@@ -162,3 +162,18 @@ def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
     assert set(measured) == {"fixup", "skipinit"} and all(set(v) == {"10", "16"} for v in measured.values())
     assert all(value > 0 for rows in measured.values() for value in rows.values())
     assert (tmp_path / "function_change.png").stat().st_size > 5000
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--function_change", "--depths=16,x"], "argument --depths: expected positive integers separated by commas"),
+    (["--depths=16,100"], "--depths and --lr are read with --function_change only"),  # was ignored: ran --depth=100
+    (["--lr=0.1"], "--depths and --lr are read with --function_change only"),
+    (["--batch_size=0"], "argument --batch_size: expected a positive integer, got '0'"),
+])
+def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_work(tmp_path, capsys, argv, line):
+    """--depths=a once ran the one-depth analysis silently, and --function_change --depths=16,x ended in a
+    traceback: one line each, nothing written."""
+    with pytest.raises(SystemExit) as exit_info:
+        analysis.main([*argv, f"--out={tmp_path}/out"])
+    assert exit_info.value.code == 2 and line in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -42,22 +42,10 @@ def build_parser():
     parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
     parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
                         "directory, a .tflite or a .onnx file")
-    parser.add_argument("--top_k", type=_positive, default=1, help="classes per image (default 1)")
+    parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
     parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
-    parser.add_argument("--batch_size", type=_positive, default=64, help="images per model call")
+    parser.add_argument("--batch_size", type=_cli.positive_int, default=64, help="images per model call")
     return parser
-
-
-def _positive(text):
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 @dataclasses.dataclass
