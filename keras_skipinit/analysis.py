@@ -329,13 +329,12 @@ def main(argv=None):
 
     parser = analysis_flags.build_parser()
     args = parser.parse_args(argv)
-    if args.function_change:
-        keras.utils.set_random_seed(args.seed)
-        return _function_change_cli(args, parser)
-    if args.depths is not None or args.lr is not None:  # would be ignored: the analysis below takes --depth
+    if not args.function_change and (args.depths is not None or args.lr is not None):  # would be ignored below
         parser.error("--depths and --lr are read with --function_change only; the signal-propagation analysis "
                      "takes one --depth")
     keras.utils.set_random_seed(args.seed)
+    if args.function_change:
+        return _function_change_cli(args, parser)
     results = {}
     if args.toy:
         width = args.width if args.width > 1 else (100 if args.toy == "conv_relu_bn" else 1000)
@@ -372,8 +371,8 @@ def _function_change_cli(args, parser):
     unknown = [n for n in names if n not in norm_lib.NORMALIZATIONS]
     if unknown:
         parser.error(f"--normalizations: {unknown} not in {norm_lib.NORMALIZATIONS}")
-    args.lr = 1e-3 if args.lr is None else args.lr
-    args.depths = args.depths or [16, 100, 1000]
+    args.lr = analysis_flags.FUNCTION_CHANGE_LR if args.lr is None else args.lr
+    args.depths = args.depths or list(analysis_flags.FUNCTION_CHANGE_DEPTHS)
     if args.lr <= 0:
         parser.error("--lr must be > 0")
     x, y = real_digits(args.batch_size, args.seed, with_labels=True)

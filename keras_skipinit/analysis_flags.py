@@ -4,6 +4,7 @@
 from keras_skipinit import _cli, spec
 
 DESCRIPTION = "Signal propagation at initialization (SkipInit §2.1, Fig. 2, App. B-C)."
+FUNCTION_CHANGE_DEPTHS, FUNCTION_CHANGE_LR = (16, 100, 1000), 1e-3  # --function_change's defaults
 TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")  # the toy networks of App. B/C
 
 
@@ -24,7 +25,8 @@ def build_parser():
                         help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
                         "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
     parser.add_argument("--depths", type=_cli.positive_ints, default=None,
-                        help="with --function_change: WRN depths (6k+4; default 16,100,1000)")
+                        help="with --function_change: WRN depths (6k+4; default "
+                        f"{','.join(map(str, FUNCTION_CHANGE_DEPTHS))})")
     parser.add_argument("--lr", type=float, default=None,
-                        help="with --function_change: the step's learning rate (default 1e-3)")
+                        help=f"with --function_change: the step's learning rate (default {FUNCTION_CHANGE_LR:g})")
     return parser

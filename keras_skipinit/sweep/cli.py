@@ -25,9 +25,10 @@ def _ints(text):
 
 def _halves(text):
     """Integers or halves (-4.5): octaves and half octaves."""
-    values = _numbers(float, text, "whole or half octaves (e.g. -6,-4.5)")
+    expected = "whole or half octaves (e.g. -6,-4.5)"
+    values = _numbers(float, text, expected)
     if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
-        raise argparse.ArgumentTypeError(f"expected whole or half octaves (e.g. -6,-4.5), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
 
 
