@@ -164,8 +164,8 @@ def budget_long():
     two at once. The second: SkipInit's final seeds one octave under its
     chosen rate (the rate the mean of 3 seeds would choose). The third:
     depth 100, the grids around its 600-update optima, 24 runs of 35-65 min
-    two at once on 2 AVX512_BF16 Xeon cores (17.7 h of run time for the
-    first 21, over sessions). Rerun to resume (a run killed mid-way resumes
+    two at once on 2 AVX512_BF16 Xeon cores (20.3 h of run time, over
+    sessions). Rerun to resume (a run killed mid-way resumes
     from its last epoch where its --runs_dir survives). Budget and results:
     docs/budget/README.md."""
     return {**budget(), "protocol": "converged", "methods": ["skipinit", "batchnorm"], "epochs": 16,
