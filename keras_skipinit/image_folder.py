@@ -56,8 +56,9 @@ class Folder:
 
 def looks_like_folder(name):
     """Whether --dataset names a folder, not a TFDS dataset: an existing
-    directory, or a path (/, ./, ../, ~) that does not exist (refused by name)."""
-    return os.path.isdir(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
+    directory, or a path (/, ./, ../, ~) that does not exist or an existing
+    file (both refused by name in `layout`)."""
+    return os.path.exists(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
 
 
 def _class_folders(split_folder):
@@ -82,6 +83,9 @@ def layout(path):
     evaluated split's name, checked; nothing is decoded."""
     root = os.path.expanduser(path)
     if not os.path.isdir(root):
+        if os.path.exists(root):
+            raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): a folder of images "
+                             "is PATH/train/<class>/<image>, PATH/test/<class>/<image>")
         raise ValueError(f"--dataset={path}: no such folder (a folder of images is PATH/train/<class>/<image>, "
                          "PATH/test/<class>/<image>)")
     splits = [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]

@@ -67,11 +67,16 @@ def _not_a_note(record):
     return not any(note in record.getMessage() for note in _NOTES)
 
 
+FOLDER_FORM = "a folder of images: PATH/train/<class>/<image>, a relative PATH written ./PATH"
+
+
 def builder(name, data_dir=None):
-    """`tfds.builder(name, data_dir)`; an unknown name is one line with the
-    closest registered names (not TFDS's list of every dataset; not the
-    community datasets either, whose index is fetched from the network).
-    TFDS's `_NOTES` are left out of the log from here on."""
+    """`tfds.builder(name, data_dir)`; a name TFDS does not know is one line:
+    an unknown dataset with the closest registered names (not TFDS's list of
+    every dataset; not the community datasets either, whose index is fetched
+    from the network), a name it cannot parse (a mistyped folder: my-images),
+    a config or version the dataset lacks (TFDS's reason, without its wall of
+    text or traceback). TFDS's `_NOTES` are left out of the log from here on."""
     import tensorflow_datasets as tfds
 
     logging.getLogger("absl").addFilter(_not_a_note)  # once: a filter is added once
@@ -80,10 +85,19 @@ def builder(name, data_dir=None):
         return tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         close = difflib.get_close_matches(name, tfds.list_builders(with_community_datasets=False), n=3, cutoff=0.6)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = f" Did you mean {', '.join(close)}?" if close else f" Or {FOLDER_FORM}."
         raise ValueError(
             f"unknown dataset {name!r}: not a TFDS dataset (see tfds.list_builders()).{hint}"
         ) from None
+    except (ValueError, AssertionError) as e:  # TFDS asserts a dataset's versions
+        message = str(e)
+        if message.startswith("Parsing builder name string"):
+            raise ValueError(f"dataset {name!r} is neither a TFDS name (name[/config][:version]) nor an existing "
+                             f"folder ({FOLDER_FORM})") from None
+        # 'Failed to construct dataset "x", builder_kwargs "{...}": <reason>[ Here are N BuilderConfigs ...: <close>]'
+        reason, _, close = message.split('": ', 1)[-1].partition(" Here are ")
+        close = close.partition(": ")[2].strip()
+        raise ValueError(f"dataset {name!r}: {reason.strip()}" + (f" Close: {close}." if close else "")) from None
 
 
 def default_manual_dir(name):

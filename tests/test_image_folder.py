@@ -126,6 +126,7 @@ def _truncated_png(path):
 
 @pytest.mark.parametrize("breakage,match", [
     ("missing", "no such folder"),
+    ("a_file", "images.zip is a file, not a folder"),  # a relative name: not taken for a TFDS name
     ("no_train", "has no train/ folder"),
     ("no_test", "has no test/ (or validation/, val/) folder"),
     ("empty_class", "holds no images"),
@@ -133,10 +134,14 @@ def _truncated_png(path):
     ("not_an_image", "notes.txt: not an image file"),
     ("truncated", "broken.png: truncated or corrupt"),
 ])
-def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, breakage, match):
+def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, breakage, match):
     root = write_folder(tmp_path / "f", per_class=(8, 2))
     if breakage == "missing":
         root = tmp_path / "nowhere"
+    elif breakage == "a_file":
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "images.zip").write_bytes(b"PK")
+        root = "images.zip"
     elif breakage in ("no_train", "no_test"):
         os.rename(root / breakage[3:], tmp_path / "elsewhere")
     elif breakage == "empty_class":

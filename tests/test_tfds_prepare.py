@@ -176,6 +176,18 @@ def test_unknown_dataset_suggests_close_names():
     assert len(str(info.value)) < 300
 
 
+@pytest.mark.parametrize("name,match", [
+    ("my-images", "neither a TFDS name (name[/config][:version]) nor an existing folder"),  # TFDS: a 15-line help
+    ("mnist/no_such_config", "dataset 'mnist/no_such_config': BuilderConfig no_such_config not found"),
+    ("mnist:9.9.9", "dataset 'mnist:9.9.9': Dataset mnist cannot be loaded at version 9.9.9"),  # TFDS: an assert
+    ("my_images/x", "not a TFDS dataset (see tfds.list_builders()). Or a folder of images"),
+])
+def test_names_tfds_cannot_build_are_one_line(tmp_path, name, match):
+    with pytest.raises(ValueError) as info:
+        data.load(name, str(tmp_path / "tfds"))
+    assert match in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.heavy
 def test_cli_cifar10_offline_is_one_line_no_traceback(tmp_path):
     proc = run_train_offline("--dataset=cifar10", f"--data_dir={tmp_path}/tfds", f"--model_dir={tmp_path}/run")
