@@ -8,8 +8,11 @@ class folders' names, sorted (label i is the i-th); every split has the same
 classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
 
 - channels: `channels` (1 or 3), else the majority's: grayscale images
-  (modes 1, L, LA, I, F) against colour ones (RGB, RGBA, P, CMYK, ...); a tie
-  is colour. Alpha is dropped, palettes are expanded.
+  (modes 1, L, LA, I;16) against colour ones (RGB, RGBA, P, CMYK, ...); a tie
+  is colour. Alpha is dropped, palettes are expanded. 16-bit grayscale (a
+  16-bit PNG or TIFF) is scaled to 8 bits (x * 255 / 65535, as TensorFlow's
+  decode_png does), not clipped at 255 as PIL's convert would; 32-bit
+  integer or float pixels (modes I, F: no fixed range) are refused.
 - size: `image_size` (square), else the images' own size when they all share
   one, else `default_size` (the model's: 32 for the CIFAR-style nets, 224
   for the ResNets). Resized as evaluation does it: the shorter side to the
@@ -42,7 +45,14 @@ SPLITS = ("train", "test", "validation", "val")
 # The train split's images come in one fixed shuffled order (the same for every run, as a TFDS split's is), so that
 # --validation_examples (the last N) and --train_examples (the first N) span the classes, not the last or first ones.
 ORDER_SEED = 0
-_GRAY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N"}
+_NO_RANGE = {"I": "32-bit integer", "F": "32-bit float"}  # pixels with no fixed range to scale to 8 bits
+_GRAY_MODES = {"1", "L", "LA", *_SIXTEEN_BIT}
+
+
+def _mode(image):
+    """An opened image's mode; a 16-bit grayscale PNG's as I;16 (Pillows before 11 open it as I)."""
+    return "I;16" if image.mode == "I" and image.format == "PNG" else image.mode
 
 
 @dataclasses.dataclass
@@ -125,7 +135,7 @@ def _header(file):
 
     try:
         with Image.open(file) as image:
-            return image.mode, image.size
+            return _mode(image), image.size
     except (UnidentifiedImageError, OSError, ValueError):
         return None
 
@@ -139,7 +149,7 @@ def decode(file, mode, size, crop=None):
     """One image as a uint8 (H, W, C) array in `mode` ("L" or "RGB"), the
     shorter side resized to `size` and the centre `crop` square kept (crop
     None: `size`; size None: as it is); None where decoding fails (a
-    truncated or corrupt file)."""
+    truncated or corrupt file, or pixels of no fixed range: `_NO_RANGE`)."""
     from PIL import Image
 
     try:
@@ -151,6 +161,11 @@ def decode(file, mode, size, crop=None):
                 new = (max(size, round(width * scale)), max(size, round(height * scale)))
                 image.draft(None, new)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale where that is still >= new
             image.load()
+            if _mode(image) in _NO_RANGE:
+                return None
+            if _mode(image) in _SIXTEEN_BIT:  # to 8 bits by scaling: PIL's convert clips at 255
+                wide = np.asarray(image).astype(np.int64)
+                image = Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8), "L")
             image = image.convert(mode)
     except (OSError, ValueError, SyntaxError):
         return None
@@ -201,8 +216,10 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     skipped = []
     kept = []
     for (split, label, file), header in zip(files, headers):
-        if header is None:
-            _bad(file, "not an image file (JPEG, PNG, BMP, GIF or WebP) that PIL can read", skip_bad)
+        if header is None or header[0] in _NO_RANGE:
+            _bad(file, "not an image file (JPEG, PNG, BMP, GIF or WebP) that PIL can read" if header is None else
+                 f"{_NO_RANGE[header[0]]} pixels (mode {header[0]}) have no fixed range to scale to 8 bits: save it "
+                 "with 8 or 16 bits a channel", skip_bad)
             skipped.append(file)
         else:
             kept.append((split, label, file, header))

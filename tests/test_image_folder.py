@@ -96,6 +96,19 @@ def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_p
     assert tiny.shape == (64, 64, 3) and list(tiny[32, 0]) == [100, 150, 200] and list(tiny[32, 63]) == [0, 0, 0]
 
 
+def test_16_bit_grayscale_is_scaled_to_8_bits_not_clipped(tmp_path):
+    """A 16-bit PNG (medical, microscopy, depth images): x * 255 / 65535, as
+    TensorFlow's decode_png gives; PIL's convert("L") clips it at 255 (white)."""
+    wide = np.arange(0, 65536, 257, dtype=np.uint16)[:256].reshape(16, 16)  # 0, 257, ..., 65535
+    wide[0, :4] = (128, 129, 65406, 65407)  # either side of x.5 after scaling: rounded
+    Image.fromarray(wide).save(tmp_path / "x16.png")
+    want = np.floor(wide.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
+    assert list(want[0, :4]) == [0, 1, 254, 255]
+    for mode, channels in (("L", 1), ("RGB", 3)):
+        ours = image_folder.decode(str(tmp_path / "x16.png"), mode, None)
+        assert ours.shape == (16, 16, channels) and (ours == want[..., None]).all()
+
+
 def test_a_large_jpeg_decodes_at_reduced_scale_to_the_same_picture(tmp_path, monkeypatch):
     """A photo many times the model's size is decoded by JPEG's own scaling
     (PIL's draft: 1/2, 1/4 or 1/8), never below the size it is resized to:
@@ -133,6 +146,7 @@ def _truncated_png(path):
     ("other_classes", "have different classes; missing from test/: zero"),
     ("not_an_image", "notes.txt: not an image file"),
     ("truncated", "broken.png: truncated or corrupt"),
+    ("float_pixels", "depth.tiff: 32-bit float pixels (mode F) have no fixed range"),
 ])
 def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, breakage, match):
     root = write_folder(tmp_path / "f", per_class=(8, 2))
@@ -153,6 +167,8 @@ def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, br
         (root / "test" / "zero").rmdir()
     elif breakage == "not_an_image":
         (root / "train" / "one" / "notes.txt").write_text("a list of digits")
+    elif breakage == "float_pixels":
+        Image.fromarray(np.ones((28, 28), np.float32)).save(root / "train" / "one" / "depth.tiff")
     else:
         _truncated_png(root / "train" / "seven" / "broken.png")
     before = sorted(str(p) for p in tmp_path.rglob("*"))
@@ -160,7 +176,7 @@ def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, br
         data_lib.load(str(root))
     assert "\n" not in str(error.value)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written into the folder
-    if breakage in ("not_an_image", "truncated"):  # skipped on request, and counted
+    if breakage in ("not_an_image", "truncated", "float_pixels"):  # skipped on request, and counted
         folder = image_folder.read(str(root), skip_bad=True)
         assert len(folder.skipped) == 1 and len(folder.train[0]) == 24
 

@@ -202,7 +202,7 @@ def main(argv=None):
     rows = []
     for file, ranked in answers:
         if ranked is None:
-            print(f"{NAME}: {file}: not a readable image (or not one PIL decodes)", file=sys.stderr)
+            print(f"{NAME}: {file}: not a readable image (or not one PIL decodes, or 32-bit pixels)", file=sys.stderr)
             continue
         row = [file] + [value for label, score in ranked for value in (label, f"{score:.4f}")]
         rows.append(row)
