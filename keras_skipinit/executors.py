@@ -96,27 +96,40 @@ def _environ(values):
                 os.environ[name] = value
 
 
+def share(cores, in_use, starting):
+    """TensorFlow threads for each of `starting` runs that start together
+    while runs using `in_use` threads go on: the free cores split among them
+    (at least 1). A thread pool is fixed at a process's start, so a run
+    started alone (a resumed sweep's last run) gets every core, one started
+    beside another keeps its half."""
+    return max(1, (cores - in_use) // starting)
+
+
 class Processes:
     """Each run in a fresh child process of this machine, `processes` at
     once (spawned: no TensorFlow or Keras state carries over, a GPU's memory
     is freed). For small runs that leave a GPU or many cores idle alone: the
     children share the GPU (JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false unless
-    set) and split the cores (TensorFlow's thread pools: cores / processes
-    unless TF_NUM_INTRAOP_THREADS is set). SIGINT or SIGTERM to the sweep is
+    set) and split the cores (TensorFlow's thread pools: the cores the
+    running children leave free, split among the runs starting together,
+    `share`, unless TF_NUM_INTRAOP_THREADS is set). Runs submitted together
+    start at the next `wait()`. SIGINT or SIGTERM to the sweep is
     passed on to each child, whose run checkpoints and stops (the same
     command resumes it); a second ends the sweep at once (`callbacks.Interrupt`)."""
+
+    THREADS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
     def __init__(self, processes=2):
         if processes < 1:
             raise ValueError(f"--processes must be at least 1, got {processes}")
         self.capacity = processes
         self._context = multiprocessing.get_context("spawn")
-        self._running = {}  # ident -> (process, the end of its pipe we read)
+        self._running = {}  # ident -> (process, the end of its pipe we read, its TensorFlow threads)
+        self._submitted = []  # (ident, config): started together at the next wait()
         self._unstarted = []  # runs submitted after a signal
-        threads = str(max(1, machine.cpu_count() // processes))
-        defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "TF_NUM_INTRAOP_THREADS": threads,
-                    "TF_NUM_INTEROP_THREADS": threads, _startup.QUIET_START_ENV: "1"}
+        defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", _startup.QUIET_START_ENV: "1"}
         self._env = {name: os.environ.get(name, value) for name, value in defaults.items()}  # the user's win
+        self._threads = {name: os.environ[name] for name in self.THREADS if name in os.environ}  # the user's win
         from keras_skipinit import callbacks  # the runs' own signal handling: once, a repeat within a second ignored
 
         self._interrupt = callbacks.Interrupt(on_signal=self._pass_on).__enter__()
@@ -126,28 +139,36 @@ class Processes:
         return self._interrupt.signal
 
     def _pass_on(self, signum):
-        for process, _ in self._running.values():
+        for process, _, _ in self._running.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signum)
 
     def submit(self, ident, config):
+        self._submitted.append((ident, config))
+
+    def _start_submitted(self):
+        submitted, self._submitted = self._submitted, []
         if self.signal:  # stopping: nothing new starts; the sweep hears it as interrupted
-            self._unstarted.append(ident)
+            self._unstarted += [ident for ident, _ in submitted]
             return
-        read, write = self._context.Pipe(duplex=False)
-        process = self._context.Process(target=_child, args=(config, write), name=f"sweep run {ident}")
-        with _environ(self._env):
-            process.start()
-        write.close()
-        self._running[ident] = (process, read)
+        threads = share(machine.cpu_count(), sum(n for _, _, n in self._running.values()), len(submitted) or 1)
+        env = {**self._env, **{name: str(threads) for name in self.THREADS}, **self._threads}
+        for ident, config in submitted:
+            read, write = self._context.Pipe(duplex=False)
+            process = self._context.Process(target=_child, args=(config, write), name=f"sweep run {ident}")
+            with _environ(env):
+                process.start()
+            write.close()
+            self._running[ident] = (process, read, threads)
 
     def wait(self):
+        self._start_submitted()
         if self._unstarted:
             return self._unstarted.pop(0), {"result": {"status": "interrupted", "signal": self.signal}}
-        readers = {read: ident for ident, (_, read) in self._running.items()}
+        readers = {read: ident for ident, (_, read, _) in self._running.items()}
         ready = multiprocessing.connection.wait(list(readers))[0]
         ident = readers[ready]
-        process, _ = self._running.pop(ident)
+        process, _, _ = self._running.pop(ident)
         try:
             status, outcome = ready.recv()
         except EOFError:  # the child died without a word
@@ -166,12 +187,13 @@ class Processes:
         raise RunFailed(ident, f"failed in its process: {outcome}" if status == "failed" else outcome)
 
     def in_flight(self):
-        return len(self._running), 0
+        return len(self._running), len(self._submitted)
 
     def close(self):
         """Stops the runs still in flight (SIGTERM: each checkpoints) and waits for them."""
         self._interrupt.__exit__()
-        for process, read in self._running.values():
+        self._submitted = []
+        for process, read, _ in self._running.values():
             if not self.signal:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGTERM)

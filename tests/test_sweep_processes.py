@@ -95,6 +95,37 @@ class _DiesUnpickled:
         return os._exit, (3,)
 
 
+class _ExitsWithItsThreads:
+    """A run's config whose unpickling in the child ends it with its TensorFlow thread count as exit code."""
+
+    def __reduce__(self):
+        return eval, ("__import__('os')._exit(int(__import__('os').environ['TF_NUM_INTRAOP_THREADS']))",)
+
+
+@pytest.mark.heavy
+def test_runs_starting_together_split_the_free_cores_and_a_lone_run_gets_them_all(monkeypatch):
+    """A resumed sweep's one run is not held to cores / N (TensorFlow's pools are fixed at start)."""
+    from keras_skipinit import executors, machine
+
+    monkeypatch.setattr(machine, "cpu_count", lambda: 4)
+    for name in executors.Processes.THREADS:
+        monkeypatch.delenv(name, raising=False)
+    executor = executors.Processes(processes=2)
+    try:
+        codes = []
+        for runs in (["alone"], ["first", "second"]):
+            for ident in runs:
+                executor.submit(ident, _ExitsWithItsThreads())
+            for _ in runs:
+                with pytest.raises(executors.RunFailed) as died:
+                    executor.wait()
+                codes.append((died.value.ident, str(died.value).split("exit code ")[1].split(")")[0]))
+    finally:
+        executor.close()
+    assert sorted(codes) == [("alone", "4"), ("first", "2"), ("second", "2")]
+    assert executors.share(4, 2, 1) == 2 and executors.share(2, 1, 1) == 1 and executors.share(2, 0, 4) == 1
+
+
 @pytest.mark.heavy
 def test_a_run_whose_process_dies_is_a_failure_that_names_it_and_says_how_to_resume():
     from keras_skipinit import executors

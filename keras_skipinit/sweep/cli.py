@@ -132,7 +132,7 @@ def build_parser():
                              "--processes at once (one GPU or many cores shared); ray: each run a Ray task "
                              "(pip install -e \".[ray]\")")
     parser.add_argument("--processes", type=int, default=2,
-                        help="--executor=processes: runs at once on this machine (each gets cores / processes threads)")
+                        help="--executor=processes: runs at once on this machine (runs starting together split the free cores)")
     parser.add_argument("--ray_address", default=None,
                         help="a Ray cluster's address (ray start --head prints it); default: RAY_ADDRESS, else the "
                              "cluster `ray start` started on this machine, else a new local instance; local: always a new one")
