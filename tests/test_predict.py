@@ -4,6 +4,7 @@ ONNX files. The run's own answers need no TensorFlow (CI's JAX stage runs
 the first tests)."""
 
 import csv
+import os
 
 import numpy as np
 import pytest
@@ -67,6 +68,13 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_a_folder_is_searched_for_the_formats_a_training_folder_reads(tmp_path):
+    """A run trained on TIFF or PGM files (microscopy, scans) is asked about the same files; notes are left out."""
+    for name in ("a.tif", "b.TIFF", "c.pgm", "d.png", "notes.txt"):
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / name, format="PNG" if name == "notes.txt" else None)
+    assert [os.path.basename(f) for f in predict.image_files([str(tmp_path)])] == ["a.tif", "b.TIFF", "c.pgm", "d.png"]
 
 
 @tf_only

@@ -31,7 +31,8 @@ import numpy as np
 
 from keras_skipinit import _cli, image_folder, runtimes
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
+# What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 NAME = "python -m keras_skipinit.predict"
 
 
