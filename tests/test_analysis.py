@@ -1,6 +1,7 @@
 import csv
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -177,3 +178,21 @@ def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_w
         analysis.main([*argv, f"--out={tmp_path}/out"])
     assert exit_info.value.code == 2 and line in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.heavy
+def test_the_readmes_figure_is_what_its_command_computes(tmp_path):
+    """docs/spp_wrn100 is what the README's command writes (it drifted ~1% once, unnoticed): the same
+    rows, every statistic within 1e-3 (other CPUs' round-off grows through 48 unnormalized blocks)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read().replace("\\\n", " ")
+    (command,) = [line.split() for line in readme.splitlines() if "keras_skipinit.analysis --model=wrn" in line
+                  and "--out=docs/spp_wrn100" in line]
+    argv = [f"--out={tmp_path}" if a.startswith("--out=") else a for a in command[3:]]
+    analysis.main(argv)
+    ours, committed = (list(csv.DictReader(open(os.path.join(folder, "spp.csv"))))
+                       for folder in (tmp_path, os.path.join(root, "docs", "spp_wrn100")))
+    assert [(r["label"], r["name"]) for r in ours] == [(r["label"], r["name"]) for r in committed]
+    for stat in ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var"):
+        np.testing.assert_allclose(column(ours, stat).astype(float), column(committed, stat).astype(float),
+                                   rtol=1e-3, err_msg=stat)
