@@ -79,9 +79,15 @@ def files_under(folder, suffixes=None):
     """The files in `folder` and its subfolders, in sorted order, names
     starting with "." left out (.DS_Store, .ipynb_checkpoints/); `suffixes`:
     only names ending so (any case). A class's images may sit in subfolders,
-    as torchvision's ImageFolder and Keras' image_dataset_from_directory read them."""
-    found = []
-    for parent, subfolders, names in os.walk(folder):
+    as torchvision's ImageFolder and Keras' image_dataset_from_directory read them;
+    a linked subfolder is followed, as torchvision does, once (a link loop ends)."""
+    found, walked = [], set()
+    for parent, subfolders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(parent)
+        if real in walked:  # reached again through a link: a loop, or the same images twice
+            subfolders[:] = []
+            continue
+        walked.add(real)
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
         found += [os.path.join(parent, n) for n in sorted(names) if not n.startswith(".")
                   and (suffixes is None or n.lower().endswith(suffixes))]

@@ -51,7 +51,8 @@ def test_a_folder_reads_as_sorted_classes_in_the_majority_mode(tmp_path):
 
 def test_images_in_a_class_subfolder_count_as_that_class_and_hidden_files_do_not(tmp_path):
     """torchvision's ImageFolder and Keras' image_dataset_from_directory read a class's subfolders; they
-    were left out silently. Names starting with "." (.DS_Store, .ipynb_checkpoints/) stay out."""
+    were left out silently, and so were linked subfolders. Names starting with "." (.DS_Store,
+    .ipynb_checkpoints/) stay out."""
     root = write_folder(tmp_path / "f", per_class=(8, 2))
     seven = root / "train" / "seven"
     (seven / "more" / "deeper").mkdir(parents=True)
@@ -60,8 +61,14 @@ def test_images_in_a_class_subfolder_count_as_that_class_and_hidden_files_do_not
     (seven / ".ipynb_checkpoints").mkdir()
     (seven / ".ipynb_checkpoints" / "x.png").write_bytes(b"not an image")
     (seven / ".DS_Store").write_bytes(b"not an image")
+    elsewhere = tmp_path / "elsewhere"  # a linked subfolder is followed (torchvision's os.walk(followlinks=True))
+    elsewhere.mkdir()
+    for i, image in enumerate(sorted(seven.glob("*.png"))[:2]):
+        os.link(image, elsewhere / f"linked{i}.png")
+    (seven / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (seven / "more" / "loop").symlink_to(seven, target_is_directory=True)  # a loop ends
     folder = image_folder.read(str(root), default_size=32)
-    assert list(np.bincount(folder.train[1])) == [8, 8 + 3, 8] and folder.classes == ("one", "seven", "zero")
+    assert list(np.bincount(folder.train[1])) == [8, 8 + 3 + 2, 8] and folder.classes == ("one", "seven", "zero")
 
 
 def test_a_held_out_tail_and_a_first_n_of_a_folder_hold_every_class(tmp_path):
