@@ -181,17 +181,18 @@ def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_w
 
 
 @pytest.mark.heavy
-def test_the_readmes_figure_is_what_its_command_computes(tmp_path):
-    """docs/spp_wrn100 is what the README's command writes (it drifted ~1% once, unnoticed): the same
+@pytest.mark.parametrize("figure", ["spp_wrn100", "spp_toy_relu_bn"])
+def test_the_readmes_figures_are_what_their_commands_compute(tmp_path, figure):
+    """docs/spp_* are what the README's commands write (spp_wrn100 drifted ~1% once, unnoticed): the same
     rows, every statistic within 1e-3 (other CPUs' round-off grows through 48 unnormalized blocks)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     readme = open(os.path.join(root, "README.md")).read().replace("\\\n", " ")
-    (command,) = [line.split() for line in readme.splitlines() if "keras_skipinit.analysis --model=wrn" in line
-                  and "--out=docs/spp_wrn100" in line]
+    (command,) = [line.split() for line in readme.splitlines() if line.startswith("python -m keras_skipinit.analysis")
+                  and f"--out=docs/{figure}" in line]
     argv = [f"--out={tmp_path}" if a.startswith("--out=") else a for a in command[3:]]
     analysis.main(argv)
     ours, committed = (list(csv.DictReader(open(os.path.join(folder, "spp.csv"))))
-                       for folder in (tmp_path, os.path.join(root, "docs", "spp_wrn100")))
+                       for folder in (tmp_path, os.path.join(root, "docs", figure)))
     assert [(r["label"], r["name"]) for r in ours] == [(r["label"], r["name"]) for r in committed]
     for stat in ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var"):
         np.testing.assert_allclose(column(ours, stat).astype(float), column(committed, stat).astype(float),
