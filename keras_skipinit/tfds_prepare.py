@@ -97,7 +97,8 @@ def builder(name, data_dir=None):
         # 'Failed to construct dataset "x", builder_kwargs "{...}": <reason>[ Here are N BuilderConfigs ...: <close>]'
         reason, _, close = message.split('": ', 1)[-1].partition(" Here are ")
         close = close.partition(": ")[2].strip()
-        raise ValueError(f"dataset {name!r}: {reason.strip()}" + (f" Close: {close}." if close else "")) from None
+        reason = (reason.strip().splitlines() or [type(e).__name__])[0]  # one line, whatever TFDS said
+        raise ValueError(f"dataset {name!r}: {reason}" + (f" Close: {close}." if close else "")) from None
 
 
 def default_manual_dir(name):
