@@ -42,6 +42,7 @@ import os
 import numpy as np
 
 SPLITS = ("train", "test", "validation", "val")
+LAYOUT = "a folder of images is PATH/train/<class>/<image>, PATH/test/<class>/<image>"  # said where --dataset is no folder
 # The train split's images come in one fixed shuffled order (the same for every run, as a TFDS split's is), so that
 # --validation_examples (the last N) and --train_examples (the first N) span the classes, not the last or first ones.
 ORDER_SEED = 0
@@ -100,10 +101,8 @@ def layout(path):
     root = os.path.expanduser(path)
     if not os.path.isdir(root):
         if os.path.exists(root):
-            raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): a folder of images "
-                             "is PATH/train/<class>/<image>, PATH/test/<class>/<image>")
-        raise ValueError(f"--dataset={path}: no such folder (a folder of images is PATH/train/<class>/<image>, "
-                         "PATH/test/<class>/<image>)")
+            raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): {LAYOUT}")
+        raise ValueError(f"--dataset={path}: no such folder ({LAYOUT})")
     splits = [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
     if "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
@@ -167,9 +166,10 @@ def decode(file, mode, size, crop=None):
                 new = (max(size, round(width * scale)), max(size, round(height * scale)))
                 image.draft(None, new)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale where that is still >= new
             image.load()
-            if _mode(image) in _NO_RANGE:
+            found = _mode(image)
+            if found in _NO_RANGE:
                 return None
-            if _mode(image) in _SIXTEEN_BIT:  # to 8 bits by scaling: PIL's convert clips at 255
+            if found in _SIXTEEN_BIT:  # to 8 bits by scaling: PIL's convert clips at 255
                 wide = np.asarray(image).astype(np.int64)
                 image = Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8), "L")
             image = image.convert(mode)
