@@ -124,13 +124,18 @@ def positive_int(text):
     return value
 
 
+def numbers(convert, text, expected):
+    """`convert` over a comma-separated flag value; a bad item is one argparse
+    line saying what was expected (not "invalid _ints value")."""
+    try:
+        return [convert(v) for v in text.split(",")]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def positive_ints(text):
     """An argparse type: whole numbers >= 1 separated by commas."""
-    try:
-        return [positive_int(v) for v in text.split(",")]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (e.g. 16,100), "
-                                         f"got {text!r}") from None
+    return numbers(positive_int, text, "positive integers separated by commas (e.g. 16,100)")
 
 
 @contextlib.contextmanager

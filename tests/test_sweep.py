@@ -371,7 +371,8 @@ def test_survival_protocol_counts_seeds_per_half_octave_by_accuracy_and_by_loss(
 
 @pytest.mark.parametrize("flag,line", [
     ("--log2_lrs=-5,abc", "argument --log2_lrs: expected whole or half octaves (e.g. -6,-4.5), got '-5,abc'"),
-    ("--depths=16,a", "argument --depths: expected integers separated by commas (e.g. 16,100), got '16,a'"),
+    ("--depths=16,a", "argument --depths: expected positive integers separated by commas (e.g. 16,100), got '16,a'"),
+    ("--depths=16,0", "argument --depths: expected positive integers separated by commas (e.g. 16,100), got '16,0'"),
     ("--lrs=0.1,y", "argument --lrs: expected a number, got 'y'"),
     ("--cpus_per_run=2,3", "argument --cpus_per_run: expected a number, got '2,3'"),
     ("--seeds=0", "--seeds must be at least 1"),

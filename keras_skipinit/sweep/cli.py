@@ -10,23 +10,10 @@ from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
 
-def _numbers(convert, text, expected):
-    """`convert` over a comma-separated flag value; a bad item is one argparse
-    line saying what was expected (not "invalid _ints value")."""
-    try:
-        return [convert(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-
-
-def _ints(text):
-    return _numbers(int, text, "integers separated by commas (e.g. 16,100)")
-
-
 def _halves(text):
     """Integers or halves (-4.5): octaves and half octaves."""
     expected = "whole or half octaves (e.g. -6,-4.5)"
-    values = _numbers(float, text, expected)
+    values = _cli.numbers(float, text, expected)
     if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
@@ -81,8 +68,8 @@ def build_parser():
                               "not an experiment setting.", "eval_batch_size": "Not an experiment setting.",
                               "l2": "Default: train.py's.", "mixup_alpha": "Default: train.py's.",
                               "bn_momentum": "PyTorch's default: 0.9."})
-    parser.add_argument("--depths", type=_ints, default=[16, 100])
-    parser.add_argument("--batch_sizes", type=_ints, default=None,
+    parser.add_argument("--depths", type=_cli.positive_ints, default=[16, 100])
+    parser.add_argument("--batch_sizes", type=_cli.positive_ints, default=None,
                         help="batch sizes as a cell's axis (--protocol=batch_scaling); default: --batch_size")
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="accumulate each batch from micro-batches of at most this size (SkipInit §3)")
