@@ -195,8 +195,11 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
         return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
                           label_names=numpy_data.LABEL_NAMES[name])
     if not _startup.installed("tensorflow_datasets"):
-        raise ValueError(f"dataset {name!r} is read by TFDS, which is not installed: pip install -e \".[tensorflow]\" "
-                         f"(or, on JAX, \".[tfds]\"); without it: {', '.join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])}")
+        if not tfds_prepare.could_be_a_name(name):
+            raise tfds_prepare.neither(name)
+        raise ValueError(f"dataset {name!r} is no folder here, and TFDS, which reads dataset names, is not installed: "
+                         f"pip install -e \".[tensorflow]\" (or, on JAX, \".[tfds]\"); without it: "
+                         f"{', '.join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])} or {tfds_prepare.FOLDER_FORM}")
     builder = tfds_prepare.builder(name, data_dir)
     test_split = _check_classification(builder)
     source = _random_access(builder, test_split)

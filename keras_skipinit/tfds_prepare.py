@@ -28,6 +28,7 @@ import fcntl  # POSIX, as run_dir's model_dir lock
 import hashlib
 import logging
 import os
+import re
 import socket
 import urllib.parse
 
@@ -70,6 +71,18 @@ def _not_a_note(record):
 FOLDER_FORM = "a folder of images: PATH/train/<class>/<image>, a relative PATH written ./PATH"
 
 
+def neither(name):
+    """The one line for a --dataset that is no folder here and no name TFDS can parse (a mistyped folder: my-images)."""
+    return ValueError(f"dataset {name!r} is neither a TFDS name (name[/config][:version]) nor an existing folder "
+                      f"({FOLDER_FORM})")
+
+
+def could_be_a_name(name):
+    """Whether `name`'s dataset part is one word, as TFDS's name[/config][:version] needs: what tells a
+    mistyped folder (my-images) from a dataset name where TFDS is not installed to ask."""
+    return re.fullmatch(r"\w+", re.split(r"[/:]", name, maxsplit=1)[0]) is not None
+
+
 def builder(name, data_dir=None):
     """`tfds.builder(name, data_dir)`; a name TFDS does not know is one line:
     an unknown dataset with the closest registered names (not TFDS's list of
@@ -92,8 +105,7 @@ def builder(name, data_dir=None):
     except (ValueError, AssertionError) as e:  # TFDS asserts a dataset's versions
         message = str(e)
         if message.startswith("Parsing builder name string"):
-            raise ValueError(f"dataset {name!r} is neither a TFDS name (name[/config][:version]) nor an existing "
-                             f"folder ({FOLDER_FORM})") from None
+            raise neither(name) from None
         # 'Failed to construct dataset "x", builder_kwargs "{...}": <reason>[ Here are N BuilderConfigs ...: <close>]'
         reason, _, close = message.split('": ', 1)[-1].partition(" Here are ")
         close = close.partition(": ")[2].strip()

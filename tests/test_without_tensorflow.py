@@ -53,7 +53,9 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert 'pip install -e ".[tensorflow]"' in proc.stderr
     proc = run(["train.py", "--dataset=cifar10", f"--model_dir={tmp_path}/run"])
-    assert proc.returncode == 2 and "read by TFDS, which is not installed" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "TFDS, which reads dataset names, is not installed" in proc.stderr, proc.stderr
+    proc = run(["train.py", "--dataset=my-images", f"--model_dir={tmp_path}/run"])  # a mistyped folder, no name
+    assert proc.returncode == 2 and "neither a TFDS name (name[/config][:version]) nor an existing folder" in proc.stderr
 
 
 @without_tensorflow
