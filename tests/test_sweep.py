@@ -4,6 +4,7 @@ import math
 import os
 import shutil
 import time
+import types
 
 import keras
 import matplotlib
@@ -478,6 +479,30 @@ def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet
     assert lines[:2] == ["  skipinit depth 10 lr 2^-3 seed 0: epoch 1/3, test 25.0%",
                          "  skipinit depth 10 lr 2^-3 seed 0: epoch 2/3, test 50.0%, about 10 min left in this run"]
     assert len(lines) == 3 and lines[2].startswith("  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%")
+
+
+def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_path, monkeypatch, capsys):
+    """A resumed sweep's first run to end had 3 of its 4 epochs from before: its 10 minutes here are one
+    epoch's, so the next run's 4 epochs are ~40 min (counted as a whole run, the estimate said 10)."""
+    from keras_skipinit import run_dir
+
+    clock = [0.0]
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))  # the sweep's clock only
+
+    def train(config):  # 10 minutes an epoch on the fake clock, from the epochs its history.csv holds
+        clock[0] += 600.0 * (config.epochs - len(run_dir.read_history(config.model_dir)))
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
+                "wall_time_s": 1.0, "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    resumed = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
+    os.makedirs(resumed)
+    run_dir.write_history(str(resumed), [{"epoch": e, "lr": 0.125, "cross_entropy": 1.0} for e in (1, 2, 3)])
+    sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=2", "--best_k=1", "--epochs=4",
+                "--no-extend_grid", f"--out={tmp_path}", f"--runs_dir={tmp_path / 'runs'}"])
+    first, second = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert first.startswith("[1/2] skipinit depth 10 lr 2^-3 seed 0: completed") and first.endswith("about 40 min left")
+    assert second.endswith("about 0 min left")
 
 
 def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):

@@ -255,6 +255,17 @@ def plan(settings):
     return "\n".join(lines)
 
 
+def _epochs_recorded(config):
+    """Epochs a run's history.csv holds as it is submitted: a resumed run's done elsewhere, 0 for a new
+    run or one this machine does not see (on a Ray cluster's other nodes)."""
+    from keras_skipinit import run_dir
+
+    try:
+        return max((row["epoch"] for row in run_dir.read_history(config.model_dir)), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
 def run_sweep(settings):
     """Runs the sweep: every run the protocol allows goes to the executor
     (--executor: this process, one run at a time; child processes, --processes
@@ -268,6 +279,7 @@ def run_sweep(settings):
     cells = set(protocol.cells(settings))
     done_before = sum(run_id[:3] in cells for run_id in done)
     start, new, in_flight = time.time(), 0, {}
+    before, epochs_here = {}, 0  # epochs each run in flight had when submitted; epochs trained by this sweep
     watch = EpochWatch(in_flight, settings, done)
     watch.start()
     try:
@@ -275,13 +287,15 @@ def run_sweep(settings):
             pending = [run for run in protocol.pending_runs(settings, done) if run not in in_flight]
             for run in pending[: executor.capacity - len(in_flight)]:
                 in_flight[run] = config(settings, run)
+                before[run] = _epochs_recorded(in_flight[run])
                 executor.submit(run, in_flight[run])
             if not in_flight:
                 break
             run, outcome = executor.wait()
             if outcome["result"]["status"] == "interrupted":  # not a result: nothing recorded
                 raise Interrupted(run_label(run, settings), outcome["result"]["signal"])
-            in_flight.pop(run)
+            ended = in_flight.pop(run)
+            epochs_here += max(ended.epochs - before.pop(run), 0)  # what was left of it (a diverged run ends it too)
             line = record(settings, run, outcome)
             log.append(path, line)
             done[protocol.ident(*run)] = line
@@ -290,7 +304,9 @@ def run_sweep(settings):
             new += 1
             running, queued = executor.in_flight()
             finished, left = done_before + new, protocol.runs_left(settings, done)
-            eta = (time.time() - start) / new * left  # this sweep's throughput so far
+            # This sweep's throughput so far, in epochs: a resumed run's epochs from before are not its work.
+            epochs_left = left * settings.epochs - sum(before.values())
+            eta = (time.time() - start) * (epochs_left / epochs_here if epochs_here else left / new)
             acc = "—" if line["test_top1"] is None else f"{100 * line['test_top1']:.1f}%"
             busy = f"{running} running, {queued} queued; " if settings.executor != "sequential" else ""
             print(f"[{finished}/{finished + left}] {run_label(run, settings)}: {line['status']}, {line['eval_split']} {acc}, "
