@@ -90,6 +90,10 @@ def test_the_saved_model_answers_as_the_run(run_and_images, capsys, tmp_path):
     _, from_run = answers(capsys, f"--source={run}", images)
     status, from_saved = answers(capsys, f"--source={saved}", images)
     assert status == 0 and [line[:2] for line in from_saved] == [line[:2] for line in from_run]
+    assert answers(capsys, f"--source={tmp_path / 'serving' / 'digits'}", images)[1] == from_saved  # newest version
+    with pytest.raises(SystemExit):  # the export's --base_path: the model folder is named
+        predict.main([f"--source={tmp_path / 'serving'}", str(images)])
+    assert f"it holds exported models, e.g. --source={tmp_path / 'serving' / 'digits'}" in capsys.readouterr().err
 
 
 @tf_only

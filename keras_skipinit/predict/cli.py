@@ -7,7 +7,8 @@ users deploy is the file that answers:
 
 - a train.py model_dir (its newest state) or a `.keras` file train.py saved:
   Keras, on this process's backend, with the run's recorded preprocessing;
-- a SavedModel version directory (`python -m export`): TensorFlow, its
+- a SavedModel version directory (`python -m export`), or its model folder
+  (its newest version, as TF Serving serves): TensorFlow, its
   `serving_default` signature (its own in-graph preprocessing);
 - a `.tflite` (LiteRT) or `.onnx` (ONNX Runtime) file from `--format=litert|onnx`.
 
@@ -42,7 +43,7 @@ def build_parser():
                                  "file (one line per image: path, label, score).")
     parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
     parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
-                        "directory, a .tflite or a .onnx file")
+                        "directory or its model folder (newest version), a .tflite or a .onnx file")
     parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
     parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
     parser.add_argument("--batch_size", type=_cli.positive_int, default=64, help="images per model call")
@@ -73,10 +74,21 @@ def image_files(paths):
     return found
 
 
+def _versions(folder):
+    """A TF Serving model folder's version directories (whole-number names holding a saved_model.pb), oldest first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted((n for n in names if n.isdigit() and os.path.exists(os.path.join(folder, n, "saved_model.pb"))), key=int)
+
+
 def load(source):
     """The `Source` that --source names, in its own runtime."""
     if os.path.isdir(source) and os.path.exists(os.path.join(source, "saved_model.pb")):
         return _saved_model(source)
+    if os.path.isdir(source) and _versions(source):  # a model folder: its newest version, as TF Serving serves
+        return _saved_model(os.path.join(source, _versions(source)[-1]))
     if source.endswith(tuple(r.suffix for r in runtimes.RUNTIMES.values())):
         return _exported_file(source)
     return _keras(source)
@@ -95,8 +107,10 @@ def _keras(source):
     labels = None
     if os.path.isdir(source):
         if not os.path.exists(os.path.join(source, run_dir.SPEC)):
+            models = sorted(n for n in os.listdir(source) if _versions(os.path.join(source, n)))  # an export's --base_path
+            hint = f": it holds exported models, e.g. --source={os.path.join(source, models[0])}" if models else ""
             raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
-                             "version directory (no saved_model.pb)")
+                             f"version directory (no saved_model.pb) or its model folder{hint}")
         model, preprocessing, description = run_dir.newest_model(source)
         labels = run_dir.read_spec(source).get("labels")
     elif os.path.isfile(source):
