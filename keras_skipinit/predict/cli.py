@@ -85,10 +85,12 @@ def _versions(folder):
 
 def load(source):
     """The `Source` that --source names, in its own runtime."""
-    if os.path.isdir(source) and os.path.exists(os.path.join(source, "saved_model.pb")):
-        return _saved_model(source)
-    if os.path.isdir(source) and _versions(source):  # a model folder: its newest version, as TF Serving serves
-        return _saved_model(os.path.join(source, _versions(source)[-1]))
+    if os.path.isdir(source):
+        if os.path.exists(os.path.join(source, "saved_model.pb")):
+            return _saved_model(source)
+        versions = _versions(source)
+        if versions:  # a model folder: its newest version, as TF Serving serves
+            return _saved_model(os.path.join(source, versions[-1]))
     if source.endswith(tuple(r.suffix for r in runtimes.RUNTIMES.values())):
         return _exported_file(source)
     return _keras(source)
