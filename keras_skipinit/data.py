@@ -179,7 +179,7 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if name.endswith(RGB32):
         return _as_rgb32(load(name[: -len(RGB32)], data_dir, manual_dir, train_examples, validation_examples), name)
     if image_folder.looks_like_folder(name):
-        read = image_folder.read(name, **(folder or {}))
+        read = image_folder.read(name, **(folder or {}), held_out=bool(held_out))
         if read.skipped:
             print(f"{name}: skipped {len(read.skipped)} unreadable files (--skip_bad_images), e.g. {read.skipped[0]}",
                   flush=True)

@@ -3,9 +3,12 @@
 The layout timm, TFDS's `ImageFolder` and torchvision's `ImageFolder` share:
 ``PATH/<split>/<class>/<image>`` (images in a class's subfolders count as
 that class), with a ``train`` split and a ``test`` split
-(else ``validation`` or ``val``, evaluated instead). Class names are the
-class folders' names, sorted (label i is the i-th); every split has the same
-classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
+(else ``validation`` or ``val``, evaluated instead). Without an evaluated
+split (``PATH/train`` alone, or class folders directly in PATH, as Keras'
+`image_dataset_from_directory` reads a folder) a run evaluates on held-out
+training images (`held_out`: --validation_examples), else it is refused.
+Class names are the class folders' names, sorted (label i is the i-th); every
+split has the same classes. JPEG, PNG, BMP, GIF (its first frame) and WebP, in any mode and size:
 
 - channels: `channels` (1 or 3), else the majority's: grayscale images
   (modes 1, L, LA, I;16) against colour ones (RGB, RGBA, P, CMYK, ...); a tie
@@ -60,7 +63,7 @@ def _mode(image):
 class Folder:
     train: object  # (uint8 images (N, H, W, C), int64 labels (N,)), or a `numpy_data.Records` of `Files`
     test: object
-    eval_split: str  # the split folder evaluated: "test", "validation" or "val"
+    eval_split: str | None  # the split folder evaluated: "test", "validation", "val", or None (test is None)
     classes: tuple
     skipped: tuple = ()  # the files skipped as unreadable (skip_bad)
 
@@ -95,42 +98,49 @@ def files_under(folder, suffixes=None):
     return found
 
 
-def layout(path):
-    """{split: {class: [file paths]}} of the train and evaluated splits, and the
-    evaluated split's name, checked; nothing is decoded."""
+def layout(path, held_out=False):
+    """{split: {class: [file paths]}} of the train and evaluated splits, the
+    evaluated split's name (None: no split folder beside the training images,
+    which `held_out` allows) and {split: its folder}; checked, nothing decoded."""
     root = os.path.expanduser(path)
     if not os.path.isdir(root):
         if os.path.exists(root):
             raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): {LAYOUT}")
         raise ValueError(f"--dataset={path}: no such folder ({LAYOUT})")
     splits = [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
-    if "train" not in splits:
+    if splits and "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
                          f"{path}/test/<class>/<image>")
     evaluated = next((s for s in splits if s != "train"), None)
-    if evaluated is None:
-        raise ValueError(f"--dataset={path} has no test/ (or validation/, val/) folder beside train/: the images "
-                         "a run is evaluated on")
+    where = {"train": os.path.join(path, "train") if splits else path}  # no split folders: PATH holds the classes
+    if evaluated:
+        where[evaluated] = os.path.join(path, evaluated)
+    elif not held_out:
+        raise ValueError(
+            f"--dataset={path} has no test/ (or validation/, val/) folder beside train/: the images a run is evaluated "
+            "on; or pass --validation_examples=N to hold out N of its training images" if splits else
+            f"--dataset={path} has no train/ and test/ folders, so its folders are read as the classes of training "
+            f"images: pass --validation_examples=N to evaluate on N of them held out, or put them in "
+            f"{path}/train/<class>/<image> and {path}/test/<class>/<image>")
     found = {}
-    for split in ("train", evaluated):
-        classes = _class_folders(os.path.join(root, split))
+    for split, folder in where.items():
+        classes = _class_folders(os.path.expanduser(folder))
         if not classes:
-            raise ValueError(f"{os.path.join(path, split)} holds no class folders: images go in "
-                             f"{os.path.join(path, split, '<class>', '<image>')}")
+            raise ValueError(f"{folder} holds no class folders: images go in "
+                             f"{os.path.join(folder, '<class>', '<image>')}")
         found[split] = {}
         for name in classes:
-            folder = os.path.join(root, split, name)
-            files = files_under(folder)
+            files = files_under(os.path.expanduser(os.path.join(folder, name)))
             if not files:
-                raise ValueError(f"{os.path.join(path, split, name)} holds no images")
+                raise ValueError(f"{os.path.join(folder, name)} holds no images")
             found[split][name] = files
-    if list(found[evaluated]) != list(found["train"]):
+    if evaluated and list(found[evaluated]) != list(found["train"]):
         missing = sorted(set(found["train"]) - set(found[evaluated]))
         extra = sorted(set(found[evaluated]) - set(found["train"]))
-        raise ValueError(f"{os.path.join(path, evaluated)} and {os.path.join(path, 'train')} have different classes"
+        raise ValueError(f"{where[evaluated]} and {where['train']} have different classes"
                          + (f"; missing from {evaluated}/: {', '.join(missing)}" if missing else "")
                          + (f"; not in train/: {', '.join(extra)}" if extra else ""))
-    return found, evaluated
+    return found, evaluated, where
 
 
 def _header(file):
@@ -206,14 +216,15 @@ class Files:
         return records
 
 
-def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None):
-    """The `Folder` at `path` (see the module docstring)."""
+def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None, held_out=False):
+    """The `Folder` at `path` (see the module docstring); its `test` is None
+    where it has no evaluated split (`held_out`: the run holds out its own)."""
     if channels not in (None, 1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}")
     if image_size is not None and image_size < 1:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
-    found, evaluated = layout(path)
-    files = [(split, label, f) for split in ("train", evaluated)
+    found, evaluated, where = layout(path, held_out)
+    files = [(split, label, f) for split in found
              for label, name in enumerate(found[split]) for f in found[split][name]]
     trained = sum(split == "train" for split, _, _ in files)  # the train split first, in class order: mix it
     files = [files[i] for i in np.random.default_rng(ORDER_SEED).permutation(trained)] + files[trained:]
@@ -241,11 +252,11 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
 
         train, test = (numpy_data.Records(Files([f for s, _, f, _ in kept if s == split],
                                                 [label for s, label, _, _ in kept if s == split], mode, size),
-                                          (height, width, channels)) for split in ("train", evaluated))
+                                          (height, width, channels)) if split else None for split in ("train", evaluated))
         return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
     with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(lambda item: decode(item[2], mode, size), kept))
-    splits = {"train": ([], []), evaluated: ([], [])}
+    splits = {split: ([], []) for split in found}
     for (split, label, file, _), array in zip(kept, arrays):
         if array is None:
             _bad(file, "truncated or corrupt: PIL cannot decode it", skip_bad)
@@ -255,9 +266,9 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
         splits[split][1].append(label)
     for split, (images, _) in splits.items():
         if not images:
-            raise ValueError(f"{os.path.join(path, split)}: every image was skipped as unreadable")
-    train, test = ((np.stack(images), np.asarray(labels, np.int64)) for images, labels in
-                   (splits["train"], splits[evaluated]))
+            raise ValueError(f"{where[split]}: every image was skipped as unreadable")
+    train, test = ((np.stack(splits[split][0]), np.asarray(splits[split][1], np.int64)) if split else None
+                   for split in ("train", evaluated))
     return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
 
 

@@ -165,8 +165,8 @@ class Config:
     dataset: str = setting(EMBEDDED, f"'{EMBEDDED}' (offline default), a TFDS image dataset: fashion_mnist, cifar10, "
                            "cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>"
                            f"{RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated); or a folder of your "
-                           "own images, PATH/train/<class>/<image> and PATH/test/<class>/<image> (keras_skipinit."
-                           "image_folder).", experiment=True)
+                           "own images, PATH/train/<class>/<image> and PATH/test/<class>/<image> (or PATH/<class>/<image> "
+                           "with --validation_examples; keras_skipinit.image_folder).", experiment=True)
     image_size: int | None = setting(None, "A folder --dataset: the square size images are resized and centre-cropped "
                                      "to (default: their own size when they all share one, else the model's: 32 for "
                                      "wrn and cifar_resnet, 224 for the ResNets).", lower=1, experiment=True)

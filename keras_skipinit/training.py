@@ -68,7 +68,7 @@ def validate(config):
     run_dir.check_writable(c.model_dir, "--model_dir")
     finetune.check(c)
     if data_lib.image_folder.looks_like_folder(c.dataset):
-        data_lib.image_folder.layout(c.dataset)  # a folder's layout, before the model_dir is touched
+        data_lib.image_folder.layout(c.dataset, held_out=bool(c.validation_examples))  # before the model_dir is touched
 
 
 def train(config):

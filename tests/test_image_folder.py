@@ -3,6 +3,7 @@ written as PNG, JPEG, GIF, BMP and WebP files at test time (no committed
 images), in several modes and sizes. Runs on TensorFlow and on JAX without
 TensorFlow (CI's third stage): the reader is PIL and NumPy only."""
 
+import dataclasses
 import json
 import os
 import re
@@ -82,6 +83,37 @@ def test_a_held_out_tail_and_a_first_n_of_a_folder_hold_every_class(tmp_path):
     assert set(y_train.tolist()) == set(y_held.tolist()) == {0, 1, 2}
     again = data_lib.load(root, train_examples=30, validation_examples=30)
     assert np.array_equal(data_lib.pair(again.test)[1], y_held)
+
+
+def test_class_folders_alone_or_train_alone_hold_out_the_same_images_and_are_refused_without(tmp_path, monkeypatch):
+    """Without an evaluated split, a folder of class folders (Keras' image_dataset_from_directory layout) or
+    a train/ alone is the training images, and --validation_examples holds out the same images as from a
+    whole train/test folder (in memory and streamed); without it the run is refused before anything is
+    written, saying how to go on."""
+    whole = write_folder(tmp_path / "whole", per_class=(10, 2))
+    shutil.copytree(whole / "train", tmp_path / "classes")
+    shutil.copytree(whole / "train", tmp_path / "train_alone" / "train")
+    want = data_lib.load(str(whole), validation_examples=6)
+    for fits in (True, False):
+        monkeypatch.setattr(image_folder, "_fits_in_memory", lambda need: fits)
+        for name in ("classes", "train_alone"):
+            got = data_lib.load(str(tmp_path / name), validation_examples=6)
+            assert got.label_names == ("one", "seven", "zero") and got.eval_split == "validation"
+            assert got.in_memory == fits
+            for mine, theirs in ((got.train, want.train), (got.test, want.test)):
+                images, labels = data_lib.pair(mine)
+                if labels is None:  # streamed: read every record
+                    images, labels = images.take(range(len(images)))
+                np.testing.assert_array_equal(np.stack(images), theirs[0])
+                np.testing.assert_array_equal(labels, theirs[1])
+    for name, match in (("classes", "its folders are read as the classes of training images: pass "
+                                    "--validation_examples=N"),
+                        ("train_alone", "or pass --validation_examples=N")):
+        config = training.Config(dataset=str(tmp_path / name), depth=10, model_dir=str(tmp_path / "run"))
+        with pytest.raises(ValueError, match=re.escape(match)):
+            training.validate(config)
+        training.validate(dataclasses.replace(config, validation_examples=6))
+    assert not (tmp_path / "run").exists()
 
 
 def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_path):
