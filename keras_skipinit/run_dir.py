@@ -217,9 +217,38 @@ def write_spec(model_dir, config, model_args, dataset, backend):
         "model": model_args,
         "preprocessing": dataset.preprocessing,
         "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
+        "data": _data_record(dataset),  # what a resumed run checks it still trains on (check_same_data)
         "backends": backends,
     })
     return backends
+
+
+def _data_record(dataset):
+    return {"num_train": dataset.num_train, "num_test": dataset.num_test}
+
+
+def check_same_data(model_dir, dataset):
+    """Refuses to resume a run (a checkpoint exists) on data other than it
+    started on: a folder given or relieved of images or classes since, a
+    TFDS data_dir prepared otherwise. Compared: the example counts and the
+    class names (an image replaced by another is not seen). A run recorded
+    before its data was is not checked."""
+    if not os.path.exists(os.path.join(model_dir, SPEC)) or not Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all():
+        return
+    recorded = read_spec(model_dir)
+    then, now = recorded.get("data"), _data_record(dataset)
+    if then is None:
+        return
+    changes = [f"{then[k]} {what} then, {now[k]} now" for k, what in (("num_train", "training examples"),
+                                                                        ("num_test", "evaluation examples"))
+               if then.get(k) != now[k]]
+    if recorded.get("labels") is not None and list(recorded["labels"]) != list(dataset.label_names):
+        changes.append(f"classes {', '.join(map(str, recorded['labels']))} then, "
+                       f"{', '.join(map(str, dataset.label_names))} now")
+    if changes:
+        raise ValueError(f"--dataset={dataset.name} is not the data the run in {model_dir} started on "
+                         f"({'; '.join(changes)}): resuming would train on other images. Use a new --model_dir, or "
+                         "--restart to discard that run")
 
 
 def results_record(config, dataset, metrics, diverged, **figures):

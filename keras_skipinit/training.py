@@ -161,6 +161,8 @@ def _train(config, strategy, out_dir, start, interrupt):
 def _set_up_data(run):
     config, strategy = run.config, run.strategy
     run.dataset = dataset = data_lib.load_for(config)
+    if run.chief:
+        run_dir.check_same_data(config.model_dir, dataset)
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)
     run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way

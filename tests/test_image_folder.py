@@ -307,3 +307,24 @@ def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_pa
     results = training.train(training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=3, batch_size=8,
                                              model_dir=str(tmp_path / "run"), verbose=0))
     assert results["status"] == "completed" and results["num_test"] == 12
+
+
+def test_a_run_resumed_on_a_folder_that_changed_is_refused(tmp_path):
+    """A folder's images resumed (raised --epochs, or after a kill) after images or classes were added: the
+    run continued on other images, silently. Refused, one line naming what changed; the run is left as it was."""
+    root = write_folder(tmp_path / "f", per_class=(4, 2))
+    config = training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=1, batch_size=8,
+                             model_dir=str(tmp_path / "run"), verbose=0)
+    assert training.train(config)["status"] == "completed"
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".lock"}
+    shutil.copy(root / "train" / "one" / "0.rgb.png", root / "train" / "one" / "copy.png")
+    longer = dataclasses.replace(config, epochs=2)
+    with pytest.raises(ValueError, match=re.escape("(12 training examples then, 13 now): resuming would train on "
+                                                   "other images")):
+        training.train(longer)
+    (root / "train" / "one" / "copy.png").unlink()
+    for split in ("train", "test"):
+        os.rename(root / split / "seven", root / split / "nine")
+    with pytest.raises(ValueError, match=re.escape("classes one, seven, zero then, nine, one, zero now")):
+        training.train(longer)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".lock"} == before
