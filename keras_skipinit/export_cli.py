@@ -156,6 +156,10 @@ def _data():
     from keras_skipinit import data as data_lib, run_dir
 
     if F.dataset is not None:
+        folder = data_lib.image_folder.looks_like_folder(F.dataset)
+        if folder and data_lib.image_folder.layout(F.dataset, held_out=True)[1] is None:
+            raise ValueError(f"--dataset={F.dataset} has no test/ (or validation/, val/) folder of the images an export "
+                             "is checked on: name a folder with one, or leave --dataset out to check on the run's own")
         return data_lib.load(F.dataset)
     if _run_of(F.source) is None:
         raise ValueError(f"{F.source} is a .keras file from outside a train.py run: pass --dataset=NAME for the "

@@ -218,6 +218,8 @@ BAD_REQUESTS = [
     # A model of other classes than the check images' dataset: it was checked against their labels silently.
     (["--source=FIVE", "--format=litert", "--output=X/m.tflite", "--dataset=mnist_embedded",
       "--preprocessing=standardize"], "mnist_embedded has 10 classes, the model 5"),
+    # A folder of class folders alone (train.py holds out --validation_examples there): nothing to check on.
+    (["--format=litert", "--output=X/m.tflite", "--dataset=FLAT"], "has no test/ (or validation/, val/) folder"),
 ]
 
 
@@ -228,13 +230,16 @@ def test_bad_export_requests_are_one_line_exit_2_and_write_nothing(tmp_path, tra
     apps.WideResNet(10, 1, input_shape=(16, 16, 3), classes=10, seed=0).save(wide)
     five = str(tmp_path / "five.keras")
     apps.WideResNet(10, 1, input_shape=(28, 28, 1), classes=5, seed=0).save(five)
+    (tmp_path / "flat" / "a").mkdir(parents=True)
+    (tmp_path / "flat" / "a" / "0.png").write_bytes(b"an image: never decoded")
     folders = []
     for i in range(len(BAD_REQUESTS)):
         folders.append(tmp_path / str(i))
         folders[-1].mkdir()
         (folders[-1] / "exists.tflite").write_bytes(b"\x89mine")  # not UTF-8: also a binary --labels
         (folders[-1] / "three.txt").write_text("a\nb\nc\n")
-    cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)).replace("=W", f"={wide}").replace("=FIVE", f"={five}") for f in flags]]
+    cases = [[f"--source={trained_run}", *[f.replace("X", str(folder)).replace("=W", f"={wide}").replace("=FIVE", f"={five}")
+                                          .replace("=FLAT", f"={tmp_path / 'flat'}") for f in flags]]
              for folder, (flags, _) in zip(folders, BAD_REQUESTS)]
     for folder, (flags, match), (status, _, err) in zip(folders, BAD_REQUESTS, run_cli_cases("export", cases, ROOT)):
         assert status == 2 and "Traceback" not in err, (flags, err[-2000:])
