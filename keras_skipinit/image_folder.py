@@ -45,7 +45,8 @@ import os
 import numpy as np
 
 SPLITS = ("train", "test", "validation", "val")
-LAYOUT = "a folder of images is PATH/train/<class>/<image>, PATH/test/<class>/<image>"  # said where --dataset is no folder
+LAYOUT = ("a folder of images is PATH/train/<class>/<image> and PATH/test/<class>/<image>, or PATH/<class>/<image> "
+          "with --validation_examples")  # said where --dataset is no folder
 # The train split's images come in one fixed shuffled order (the same for every run, as a TFDS split's is), so that
 # --validation_examples (the last N) and --train_examples (the first N) span the classes, not the last or first ones.
 ORDER_SEED = 0
