@@ -219,13 +219,17 @@ class Files:
 
 def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None, held_out=False):
     """The `Folder` at `path` (see the module docstring); its `test` is None
-    where it has no evaluated split (`held_out`: the run holds out its own)."""
+    where the run holds out its own evaluation images (`held_out`; then the
+    folder may lack an evaluated split)."""
     if channels not in (None, 1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}")
     if image_size is not None and image_size < 1:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     found, evaluated, where = layout(path, held_out)
-    files = [(split, label, f) for split in found
+    if held_out:  # its evaluated split (checked by layout) goes unused: not decoded
+        evaluated = None
+    read_splits = ("train", evaluated) if evaluated else ("train",)
+    files = [(split, label, f) for split in read_splits
              for label, name in enumerate(found[split]) for f in found[split][name]]
     trained = sum(split == "train" for split, _, _ in files)  # the train split first, in class order: mix it
     files = [files[i] for i in np.random.default_rng(ORDER_SEED).permutation(trained)] + files[trained:]
@@ -257,7 +261,7 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
         return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
     with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(lambda item: decode(item[2], mode, size), kept))
-    splits = {split: ([], []) for split in found}
+    splits = {split: ([], []) for split in read_splits}
     for (split, label, file, _), array in zip(kept, arrays):
         if array is None:
             _bad(file, "truncated or corrupt: PIL cannot decode it", skip_bad)

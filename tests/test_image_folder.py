@@ -88,12 +88,13 @@ def test_a_held_out_tail_and_a_first_n_of_a_folder_hold_every_class(tmp_path):
 def test_class_folders_alone_or_train_alone_hold_out_the_same_images_and_are_refused_without(tmp_path, monkeypatch):
     """Without an evaluated split, a folder of class folders (Keras' image_dataset_from_directory layout) or
     a train/ alone is the training images, and --validation_examples holds out the same images as from a
-    whole train/test folder (in memory and streamed); without it the run is refused before anything is
-    written, saying how to go on."""
+    whole train/test folder (in memory and streamed; there the test split is not decoded); without it the
+    run is refused before anything is written, saying how to go on."""
     whole = write_folder(tmp_path / "whole", per_class=(10, 2))
     shutil.copytree(whole / "train", tmp_path / "classes")
     shutil.copytree(whole / "train", tmp_path / "train_alone" / "train")
     want = data_lib.load(str(whole), validation_examples=6)
+    assert image_folder.read(str(whole), held_out=True).test is None  # its test split goes unused: not decoded
     for fits in (True, False):
         monkeypatch.setattr(image_folder, "_fits_in_memory", lambda need: fits)
         for name in ("classes", "train_alone"):
