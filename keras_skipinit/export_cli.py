@@ -156,8 +156,7 @@ def _data():
     from keras_skipinit import data as data_lib, run_dir
 
     if F.dataset is not None:
-        folder = data_lib.image_folder.looks_like_folder(F.dataset)
-        if folder and data_lib.image_folder.layout(F.dataset, held_out=True)[1] is None:
+        if os.path.isdir(os.path.expanduser(F.dataset)) and data_lib.image_folder.evaluated_split(F.dataset) is None:
             raise ValueError(f"--dataset={F.dataset} has no test/ (or validation/, val/) folder of the images an export "
                              "is checked on: name a folder with one, or leave --dataset out to check on the run's own")
         return data_lib.load(F.dataset)

@@ -99,6 +99,16 @@ def files_under(folder, suffixes=None):
     return found
 
 
+def _split_folders(root):
+    return [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
+
+
+def evaluated_split(path):
+    """The split folder a run on the folder `path` evaluates on ("test", else
+    "validation", else "val"), or None; only the folder's names are read."""
+    return next((s for s in _split_folders(os.path.expanduser(path)) if s != "train"), None)
+
+
 def layout(path, held_out=False):
     """{split: {class: [file paths]}} of the train and evaluated splits, the
     evaluated split's name (None: no split folder beside the training images,
@@ -108,11 +118,11 @@ def layout(path, held_out=False):
         if os.path.exists(root):
             raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): {LAYOUT}")
         raise ValueError(f"--dataset={path}: no such folder ({LAYOUT})")
-    splits = [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
+    splits = _split_folders(root)
     if splits and "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
                          f"{path}/test/<class>/<image>")
-    evaluated = next((s for s in splits if s != "train"), None)
+    evaluated = evaluated_split(path)
     where = {"train": os.path.join(path, "train") if splits else path}  # no split folders: PATH holds the classes
     if evaluated:
         where[evaluated] = os.path.join(path, evaluated)
