@@ -4,6 +4,7 @@ ONNX files. The run's own answers need no TensorFlow (CI's JAX stage runs
 the first tests)."""
 
 import csv
+import json
 import os
 
 import numpy as np
@@ -68,6 +69,23 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_a_path_that_would_split_its_line_is_written_as_a_json_string(run_and_images, capsys, tmp_path, monkeypatch):
+    """One line per image, and each path read back: a tab, a line break or a
+    leading double quote would make a name two fields, two lines or ambiguous."""
+    run, images = run_and_images
+    digit = next(images.rglob("*.png"))
+    names = ["plain.png", "tab\there.png", "line\nbreak.png", '"quoted".png', 'in"side.png']
+    for name in names:
+        (tmp_path / name).write_bytes(digit.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    status = predict.main([f"--source={run}", *names])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0 and len(lines) == len(names) and all(len(line.split("\t")) == 3 for line in lines)
+    paths = [line.split("\t")[0] for line in lines]
+    assert [json.loads(p) if p.startswith('"') else p for p in paths] == names
+    assert paths[0] == "plain.png" and paths[-1] == 'in"side.png'  # written as they are
 
 
 def test_a_folder_is_searched_for_the_formats_a_training_folder_reads(tmp_path):

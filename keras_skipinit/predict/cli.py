@@ -1,8 +1,10 @@
 """What is in these images: `python -m keras_skipinit.predict --source=S IMAGE_OR_FOLDER ...`.
 
 One line per image on stdout, `path<TAB>label<TAB>score` (top-1; `--top_k=K`
-adds K-1 more label/score pairs), and with `--output=FILE.csv` the same as a
-CSV, written atomically. `--source` answers in its own runtime, so the file
+adds K-1 more label/score pairs; a path or label holding a tab or a line
+break, or starting with a double quote, is written as a JSON string, as git
+quotes such paths), and with `--output=FILE.csv` the same as a CSV, written
+atomically. `--source` answers in its own runtime, so the file
 users deploy is the file that answers:
 
 - a train.py model_dir (its newest state) or a `.keras` file train.py saved:
@@ -25,6 +27,7 @@ flags or a bad --source; 5: --output could not be written; 0: every image answer
 import csv
 import dataclasses
 import io
+import json
 import os
 import sys
 
@@ -196,6 +199,12 @@ def predict(source, files, top_k=1, batch_size=64, progress=None):
     return [(f, None if r is None else [(source.labels.get(c, str(c)), s) for c, s in r]) for f, r in answers]
 
 
+def _field(text):
+    """`text` as one field of a stdout line: as it is, or as a JSON string
+    where it would split the line or read as one."""
+    return json.dumps(text, ensure_ascii=False) if text.startswith('"') or any(c in text for c in "\t\n\r") else text
+
+
 def _progress(done, total):
     print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
@@ -224,7 +233,7 @@ def main(argv=None):
         row = [file] + [value for label, score in ranked for value in (label, f"{score:.4f}")]
         rows.append(row)
         try:
-            print("\t".join(row), flush=True)
+            print("\t".join(map(_field, row)), flush=True)
         except BrokenPipeError:  # `| head`: the rest goes to --output only
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.output is not None:
