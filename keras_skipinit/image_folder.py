@@ -45,8 +45,8 @@ import os
 import numpy as np
 
 SPLITS = ("train", "test", "validation", "val")
-LAYOUT = ("a folder of images is PATH/train/<class>/<image> and PATH/test/<class>/<image>, or PATH/<class>/<image> "
-          "with --validation_examples")  # said where --dataset is no folder
+LAYOUT = ("a folder of images: PATH/train/<class>/<image> and PATH/test/<class>/<image>, or PATH/<class>/<image> "
+          "with --validation_examples")  # said where --dataset is no folder (here and in tfds_prepare)
 # The train split's images come in one fixed shuffled order (the same for every run, as a TFDS split's is), so that
 # --validation_examples (the last N) and --train_examples (the first N) span the classes, not the last or first ones.
 ORDER_SEED = 0
@@ -116,7 +116,7 @@ def layout(path, held_out=False):
     root = os.path.expanduser(path)
     if not os.path.isdir(root):
         if os.path.exists(root):
-            raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first): {LAYOUT}")
+            raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first; {LAYOUT})")
         raise ValueError(f"--dataset={path}: no such folder ({LAYOUT})")
     splits = _split_folders(root)
     if splits and "train" not in splits:

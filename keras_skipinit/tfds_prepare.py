@@ -32,6 +32,8 @@ import re
 import socket
 import urllib.parse
 
+from keras_skipinit import image_folder
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalCopy:
@@ -68,7 +70,7 @@ def _not_a_note(record):
     return not any(note in record.getMessage() for note in _NOTES)
 
 
-FOLDER_FORM = "a folder of images: PATH/train/<class>/<image>, a relative PATH written ./PATH"
+FOLDER_FORM = f"{image_folder.LAYOUT}; a relative PATH written ./PATH"
 
 
 def neither(name):

@@ -180,7 +180,8 @@ def test_unknown_dataset_suggests_close_names():
     ("my-images", "neither a TFDS name (name[/config][:version]) nor an existing folder"),  # TFDS: a 15-line help
     ("mnist/no_such_config", "dataset 'mnist/no_such_config': BuilderConfig no_such_config not found"),
     ("mnist:9.9.9", "dataset 'mnist:9.9.9': Dataset mnist cannot be loaded at version 9.9.9"),  # TFDS: an assert
-    ("my_images/x", "not a TFDS dataset (see tfds.list_builders()). Or a folder of images"),
+    ("my_images/x", "not a TFDS dataset (see tfds.list_builders()). Or a folder of images: "  # both of its forms
+                    "PATH/train/<class>/<image> and PATH/test/<class>/<image>, or PATH/<class>/<image>"),
 ])
 def test_names_tfds_cannot_build_are_one_line(tmp_path, name, match):
     with pytest.raises(ValueError) as info:
