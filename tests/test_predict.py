@@ -88,6 +88,16 @@ def test_a_path_that_would_split_its_line_is_written_as_a_json_string(run_and_im
     assert paths[0] == "plain.png" and paths[-1] == 'in"side.png'  # written as they are
 
 
+def test_a_top_k_above_the_classes_answers_every_class_under_a_header_of_as_many(run_and_images, capsys, tmp_path):
+    run, images = run_and_images
+    status = predict.main([f"--source={run}", str(images), "--top_k=12", f"--output={tmp_path / 'a.csv'}"])
+    lines = capsys.readouterr().out.splitlines()
+    with open(tmp_path / "a.csv") as f:
+        rows = list(csv.reader(f))
+    assert status == 0 and all(len(line.split("\t")) == 21 for line in lines)  # the path and 10 classes
+    assert len(rows[0]) == 21 and rows[0][-1] == "score_10" and all(len(row) == 21 for row in rows)
+
+
 def test_a_folder_is_searched_for_the_formats_a_training_folder_reads(tmp_path):
     """A run trained on TIFF or PGM files (microscopy, scans) is asked about the same files; notes are left out."""
     for name in ("a.tif", "b.TIFF", "c.pgm", "d.png", "notes.txt"):

@@ -1,7 +1,7 @@
 """What is in these images: `python -m keras_skipinit.predict --source=S IMAGE_OR_FOLDER ...`.
 
 One line per image on stdout, `path<TAB>label<TAB>score` (top-1; `--top_k=K`
-adds K-1 more label/score pairs; a path or label holding a tab or a line
+adds K-1 more label/score pairs, up to every class; a path or label holding a tab or a line
 break, or starting with a double quote, is written as a JSON string, as git
 quotes such paths), and with `--output=FILE.csv` the same as a CSV, written
 atomically. `--source` answers in its own runtime, so the file
@@ -241,7 +241,8 @@ def main(argv=None):
 
         text = io.StringIO()
         writer = csv.writer(text)
-        writer.writerow(["path"] + [f"{what}_{k + 1}" for k in range(args.top_k) for what in ("label", "score")])
+        pairs = max((len(row) // 2 for row in rows), default=args.top_k)  # --top_k, or the classes where fewer
+        writer.writerow(["path"] + [f"{what}_{k + 1}" for k in range(pairs) for what in ("label", "score")])
         writer.writerows(rows)
         try:
             os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
