@@ -103,10 +103,14 @@ def _split_folders(root):
     return [s for s in SPLITS if os.path.isdir(os.path.join(root, s))]
 
 
+def _evaluated(splits):
+    return next((s for s in splits if s != "train"), None)
+
+
 def evaluated_split(path):
     """The split folder a run on the folder `path` evaluates on ("test", else
     "validation", else "val"), or None; only the folder's names are read."""
-    return next((s for s in _split_folders(os.path.expanduser(path)) if s != "train"), None)
+    return _evaluated(_split_folders(os.path.expanduser(path)))
 
 
 def layout(path, held_out=False):
@@ -122,7 +126,7 @@ def layout(path, held_out=False):
     if splits and "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
                          f"{path}/test/<class>/<image>")
-    evaluated = evaluated_split(path)
+    evaluated = _evaluated(splits)
     where = {"train": os.path.join(path, "train") if splits else path}  # no split folders: PATH holds the classes
     if evaluated:
         where[evaluated] = os.path.join(path, evaluated)
