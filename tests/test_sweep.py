@@ -505,6 +505,30 @@ def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_p
     assert second.endswith("about 0 min left")
 
 
+def test_a_run_complete_before_the_sweep_gives_no_time_left_estimate(tmp_path, monkeypatch, capsys):
+    """A resumed sweep whose first run to end was already complete has measured nothing of its speed: it
+    says the time left is not known (it said "about 0 min left" with a 4-epoch run still to train)."""
+    from keras_skipinit import run_dir
+
+    clock = [0.0]
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    def train(config):  # 10 minutes an epoch on the fake clock, from the epochs its history.csv holds
+        clock[0] += 600.0 * (config.epochs - len(run_dir.read_history(config.model_dir)))
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
+                "wall_time_s": 1.0, "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    complete = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
+    os.makedirs(complete)
+    run_dir.write_history(str(complete), [{"epoch": e, "lr": 0.125, "cross_entropy": 1.0} for e in (1, 2, 3, 4)])
+    sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=2", "--best_k=1", "--epochs=4",
+                "--no-extend_grid", f"--out={tmp_path}", f"--runs_dir={tmp_path / 'runs'}"])
+    first, second = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert first.endswith("time left not known until a run trains here")
+    assert second.endswith("about 0 min left")
+
+
 def test_an_interrupted_run_stops_the_sweep_in_one_line_and_is_not_recorded(tmp_path, monkeypatch, capsys):
     """Issue 46.6: a run stopped by Ctrl-C (checkpointed by train) ends the
     sweep with one line and exit 130; it is not a result."""

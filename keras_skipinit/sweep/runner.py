@@ -306,11 +306,14 @@ def run_sweep(settings):
             finished, left = done_before + new, protocol.runs_left(settings, done)
             # This sweep's throughput so far, in epochs: a resumed run's epochs from before are not its work.
             epochs_left = left * settings.epochs - sum(before.values())
-            eta = (time.time() - start) * (epochs_left / epochs_here if epochs_here else left / new)
+            if epochs_here or not left:
+                eta = f"about {(time.time() - start) * epochs_left / max(epochs_here, 1) / 60:.0f} min left"
+            else:  # only runs complete before this sweep have ended: nothing measures its speed yet
+                eta = "time left not known until a run trains here"
             acc = "—" if line["test_top1"] is None else f"{100 * line['test_top1']:.1f}%"
             busy = f"{running} running, {queued} queued; " if settings.executor != "sequential" else ""
             print(f"[{finished}/{finished + left}] {run_label(run, settings)}: {line['status']}, {line['eval_split']} {acc}, "
-                  f"{line['wall_time_s']:.0f} s; {busy}about {eta / 60:.0f} min left", flush=True)
+                  f"{line['wall_time_s']:.0f} s; {busy}{eta}", flush=True)
     except executors.RunFailed as e:
         raise ValueError(f"run {run_label(e.ident, settings)}: {e}") from None
     finally:
