@@ -481,20 +481,27 @@ def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet
     assert len(lines) == 3 and lines[2].startswith("  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%")
 
 
-def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_path, monkeypatch, capsys):
-    """A resumed sweep's first run to end had 3 of its 4 epochs from before: its 10 minutes here are one
-    epoch's, so the next run's 4 epochs are ~40 min (counted as a whole run, the estimate said 10)."""
+def _ten_minutes_an_epoch(monkeypatch):
+    """Fake training on a fake sweep clock: 10 minutes an epoch, from the epochs its history.csv holds."""
     from keras_skipinit import run_dir
 
     clock = [0.0]
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))  # the sweep's clock only
 
-    def train(config):  # 10 minutes an epoch on the fake clock, from the epochs its history.csv holds
+    def train(config):
         clock[0] += 600.0 * (config.epochs - len(run_dir.read_history(config.model_dir)))
         return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
                 "wall_time_s": 1.0, "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
 
     fake_training(monkeypatch, train)
+
+
+def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_path, monkeypatch, capsys):
+    """A resumed sweep's first run to end had 3 of its 4 epochs from before: its 10 minutes here are one
+    epoch's, so the next run's 4 epochs are ~40 min (counted as a whole run, the estimate said 10)."""
+    from keras_skipinit import run_dir
+
+    _ten_minutes_an_epoch(monkeypatch)
     resumed = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     os.makedirs(resumed)
     run_dir.write_history(str(resumed), [{"epoch": e, "lr": 0.125, "cross_entropy": 1.0} for e in (1, 2, 3)])
@@ -510,15 +517,7 @@ def test_a_run_complete_before_the_sweep_gives_no_time_left_estimate(tmp_path, m
     says the time left is not known (it said "about 0 min left" with a 4-epoch run still to train)."""
     from keras_skipinit import run_dir
 
-    clock = [0.0]
-    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))
-
-    def train(config):  # 10 minutes an epoch on the fake clock, from the epochs its history.csv holds
-        clock[0] += 600.0 * (config.epochs - len(run_dir.read_history(config.model_dir)))
-        return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
-                "wall_time_s": 1.0, "chief": True, "epochs_completed": config.epochs, "config": dataclasses.asdict(config)}
-
-    fake_training(monkeypatch, train)
+    _ten_minutes_an_epoch(monkeypatch)
     complete = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     os.makedirs(complete)
     run_dir.write_history(str(complete), [{"epoch": e, "lr": 0.125, "cross_entropy": 1.0} for e in (1, 2, 3, 4)])
