@@ -91,6 +91,22 @@ def lock(model_dir):
         os.close(fd)  # releases the flock
 
 
+def holder(model_dir):
+    """Who holds model_dir's lock now (the line `lock` wrote: process, host,
+    command), or None where no process does; nothing is written."""
+    try:
+        fd = os.open(os.path.join(model_dir, LOCK), os.O_RDONLY)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    return None
+
+
 # Flags that may differ when a model_dir is reused: where things are read or
 # written, how much is shown, and --epochs (raised to continue a run).
 REUSABLE_FLAGS = spec.REUSABLE  # settings a continued run may change (`spec.setting(reusable=True)`)

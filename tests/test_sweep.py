@@ -3,6 +3,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import time
 import types
 
@@ -106,6 +107,28 @@ def test_dry_run_lists_the_runs_a_sweep_would_start_and_runs_and_writes_nothing(
     assert lines[1:5] == [f"  {m} depth 10 lr 2^{k} seed 2" for m in ("skipinit", "batchnorm") for k in (-4, -3)]
     assert lines[5] == "the 4 starting now: about 4 s of one process at their cells' median recorded run time"
     assert calls == [] and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_dry_run_names_a_run_another_process_trains_and_counts_its_epochs_done(tmp_path, monkeypatch, capsys):
+    """--dry_run beside the sweep running it: a run whose model_dir another process holds says so and how many
+    epochs it has done, and the time left counts only its epochs to come (it counted a whole run)."""
+    from keras_skipinit import run_dir
+
+    fake_training(monkeypatch, fake_train([]))
+    args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-4,-3", "--best_k=1", "--epochs=4",
+            "--no-extend_grid", f"--out={tmp_path}", f"--runs_dir={tmp_path / 'runs'}"]
+    sweep.main([*args, "--seeds=1"])
+    capsys.readouterr()
+    running = tmp_path / "runs" / "skipinit_d10_lr0.0625_s1"
+    os.makedirs(running)
+    run_dir.write_history(str(running), [{"epoch": 1, "lr": 0.0625, "cross_entropy": 1.0}])
+    with run_dir.lock(str(running)):  # another process's, as far as the lock can tell
+        sweep.main([*args, "--seeds=2", "--dry_run"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == f"  skipinit depth 10 lr 2^-4 seed 1 (running now: process {os.getpid()} on {socket.gethostname()}; 1 of 4 epochs done)"
+    assert lines[2] == "  skipinit depth 10 lr 2^-3 seed 1"
+    assert lines[3] == ("the 2 starting now: about 2 s of one process at their cells' median recorded run time, "
+                        "less the epochs they have done")  # 1 s a run: 0.75 + 1
 
 
 def test_extend_grid_runs_until_interior_and_resumes(tmp_path, monkeypatch):

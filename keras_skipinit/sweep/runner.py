@@ -233,26 +233,41 @@ def plan(settings):
     """--dry_run: from the recorded runs, what the sweep would start now and
     how many runs are left as far as known (a grid extension decides more as
     results come), with the time the runs starting now took in their cells so
-    far (median recorded run time); nothing is run or written."""
+    far (median recorded run time, less the epochs a resumed run has done); a run
+    another process trains now says so; nothing is run or written."""
     path, done = checked_log(settings)
     cells = set(protocol.cells(settings))
     recorded = [run for ident, run in done.items() if ident[:3] in cells]
     pending, left = protocol.pending_runs(settings, done), protocol.runs_left(settings, done)
     lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now, "
              f"{left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
-    lines += [f"  {run_label(run, settings)}" for run in pending]
+    progress = {run: _progress(config(settings, run)) for run in pending}
+    lines += [f"  {run_label(run, settings)}" + (f" ({progress[run][1]})" if progress[run][1] else "") for run in pending]
     times = {}
     for ident, run in done.items():
         if ident[:3] in cells and run.get("wall_time_s"):
             times.setdefault(ident[:3], []).append(run["wall_time_s"])
-    known = [float(np.median(times[run[:3]])) for run in pending if run[:3] in times]
+    known = [float(np.median(times[run[:3]])) * (1 - progress[run][0] / settings.epochs)
+             for run in pending if run[:3] in times]
     if known:
         which = (f"the {len(pending)} starting now" if len(known) == len(pending) else
                  f"{len(known)} of the {len(pending)} starting now (those in cells with recorded runs)")
         total = sum(known)
         lines.append(f"{which}: about {f'{total:.0f} s' if total < 120 else f'{total / 60:.0f} min'} of one process "
-                     "at their cells' median recorded run time")
+                     "at their cells' median recorded run time"
+                     + (", less the epochs they have done" if any(progress[run][0] for run in pending) else ""))
     return "\n".join(lines)
+
+
+def _progress(config):
+    """(epochs a run's history.csv holds, a note for --dry_run: the process holding
+    its model_dir, where one does, and its epochs done)."""
+    from keras_skipinit import run_dir
+
+    epochs, who = _epochs_recorded(config), run_dir.holder(config.model_dir)
+    notes = ([f"running now: {who.split(' (')[0]}"] if who else []) + (
+        [f"{epochs} of {config.epochs} epochs done"] if epochs else [])
+    return epochs, "; ".join(notes)
 
 
 def _epochs_recorded(config):
