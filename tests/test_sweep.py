@@ -504,6 +504,38 @@ def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet
     assert len(lines) == 3 and lines[2].startswith("  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%")
 
 
+def test_a_resumed_runs_time_left_is_measured_from_an_epoch_this_sweep_trained(tmp_path, monkeypatch, capsys):
+    """A run resumed after its first epoch (its history.csv written long before, at another session's end):
+    the end of its second epoch, the first this sweep trains, gives no rate; the third's, 10 min after,
+    gives 10 min left (the rate spanned the interruption: hours)."""
+    from keras_skipinit import run_dir
+
+    def train(config):  # epochs 2-4, dated 10 minutes apart from t = 10,000 s
+        rows = run_dir.read_history(config.model_dir)
+        for epoch in (2, 3, 4):
+            time.sleep(0.5)
+            rows.append({"epoch": epoch, "lr": config.learning_rate, "cross_entropy": 1.0, "val_top1": 0.2 * epoch})
+            run_dir.write_history(config.model_dir, rows)
+            os.utime(os.path.join(config.model_dir, run_dir.HISTORY), (1e4 + 600.0 * epoch,) * 2)
+        time.sleep(0.5)
+        return {"status": "completed", "eval_split": "test", "eval_top1": 0.8, "train_cross_entropy": 1.0,
+                "wall_time_s": 2.0, "chief": True, "epochs_completed": 4, "config": dataclasses.asdict(config)}
+
+    fake_training(monkeypatch, train)
+    monkeypatch.setattr(runner.EpochWatch, "every_s", 0.2)
+    monkeypatch.setattr(runner.EpochWatch, "poll_s", 0.02)
+    resumed = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
+    os.makedirs(resumed)
+    run_dir.write_history(str(resumed), [{"epoch": 1, "lr": 0.125, "cross_entropy": 1.0, "val_top1": 0.2}])
+    os.utime(resumed / run_dir.HISTORY, (0.0, 0.0))
+    sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=1", "--best_k=1", "--epochs=4",
+                "--no-extend_grid", f"--out={tmp_path}", f"--runs_dir={tmp_path / 'runs'}"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert [line for line in lines if "epoch 2/4" in line or "epoch 3/4" in line] == [
+        "  skipinit depth 10 lr 2^-3 seed 0: epoch 2/4, test 40.0%",
+        "  skipinit depth 10 lr 2^-3 seed 0: epoch 3/4, test 60.0%, about 10 min left in this run"]
+
+
 def _ten_minutes_an_epoch(monkeypatch):
     """Fake training on a fake sweep clock: 10 minutes an epoch, from the epochs its history.csv holds."""
     from keras_skipinit import run_dir

@@ -162,14 +162,18 @@ class EpochWatch:
     `start` and `stop`, every `poll_s` seconds each run in flight whose history.csv
     (in its model_dir, where this machine sees it: not on a Ray cluster's
     other nodes) gained an epoch gets a line, at most one every `every_s`
-    seconds a run: runs of a minute or less stay quiet."""
+    seconds a run: runs of a minute or less stay quiet. A run's time left is
+    measured between epoch ends this sweep saw it train: a resumed run's
+    epochs from before (`before`: the epochs each run had when submitted)
+    ended before the interruption, so they give no rate."""
 
     every_s, poll_s = 60.0, 10.0
 
-    def __init__(self, in_flight, settings, done):
+    def __init__(self, in_flight, settings, done, before):
         self.in_flight, self.settings, self.done = in_flight, settings, done  # done: the recorded runs, by ident
+        self.before = before
         self._shown = {}  # run -> (epoch, time) of its last line, or (0, when first seen in flight)
-        self._first = {}  # run -> (epoch, its history.csv's time) when first seen with one: the rate's start
+        self._first = {}  # run -> (epoch, its history.csv's time) at the first epoch end seen that this sweep trained
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="sweep-epoch-watch")
 
@@ -198,7 +202,9 @@ class EpochWatch:
             if not rows:
                 continue
             epoch = rows[-1]["epoch"]
-            first_epoch, first_time = self._first.setdefault(run, (epoch, changed))
+            if epoch > self.before.get(run, epoch):  # an epoch this sweep trained: the rate starts at its end
+                self._first.setdefault(run, (epoch, changed))
+            first_epoch, first_time = self._first.get(run, (epoch, changed))
             if epoch <= shown_epoch or now - shown_time < self.every_s:
                 continue
             self._shown[run] = (epoch, now)
@@ -295,15 +301,16 @@ def run_sweep(settings):
     done_before = sum(run_id[:3] in cells for run_id in done)
     start, new, in_flight = time.time(), 0, {}
     before, epochs_here = {}, 0  # epochs each run in flight had when submitted; epochs trained by this sweep
-    watch = EpochWatch(in_flight, settings, done)
+    watch = EpochWatch(in_flight, settings, done, before)
     watch.start()
     try:
         while True:
             pending = [run for run in protocol.pending_runs(settings, done) if run not in in_flight]
             for run in pending[: executor.capacity - len(in_flight)]:
-                in_flight[run] = config(settings, run)
-                before[run] = _epochs_recorded(in_flight[run])
-                executor.submit(run, in_flight[run])
+                run_config = config(settings, run)
+                before[run] = _epochs_recorded(run_config)  # set before the watch sees the run in flight
+                in_flight[run] = run_config
+                executor.submit(run, run_config)
             if not in_flight:
                 break
             run, outcome = executor.wait()
