@@ -125,6 +125,7 @@ def test_dry_run_names_a_run_another_process_trains_and_counts_its_epochs_done(t
     with run_dir.lock(str(running)):  # another process's, as far as the lock can tell
         sweep.main([*args, "--seeds=2", "--dry_run"])
     lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("2 would start now (1 of them running now in another process), 2 left as far as known now:")
     assert lines[1] == f"  skipinit depth 10 lr 2^-4 seed 1 (running now: process {os.getpid()} on {socket.gethostname()}; 1 of 4 epochs done)"
     assert lines[2] == "  skipinit depth 10 lr 2^-3 seed 1"
     assert lines[3] == ("the 2 starting now: about 2 s of one process at their cells' median recorded run time, "

@@ -245,10 +245,12 @@ def plan(settings):
     cells = set(protocol.cells(settings))
     recorded = [run for ident, run in done.items() if ident[:3] in cells]
     pending, left = protocol.pending_runs(settings, done), protocol.runs_left(settings, done)
-    lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now, "
-             f"{left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
     progress = {run: _progress(config(settings, run)) for run in pending}
-    lines += [f"  {run_label(run, settings)}" + (f" ({progress[run][1]})" if progress[run][1] else "") for run in pending]
+    running = sum(bool(progress[run][1]) for run in pending)
+    lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now"
+             + (f" ({running} of them running now in another process)" if running else "")
+             + f", {left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
+    lines += [f"  {run_label(run, settings)}" + (f" ({progress[run][2]})" if progress[run][2] else "") for run in pending]
     times = {}
     for ident, run in done.items():
         if ident[:3] in cells and run.get("wall_time_s"):
@@ -266,14 +268,14 @@ def plan(settings):
 
 
 def _progress(config):
-    """(epochs a run's history.csv holds, a note for --dry_run: the process holding
-    its model_dir, where one does, and its epochs done)."""
+    """(epochs a run's history.csv holds, the process holding its model_dir or None,
+    a note for --dry_run: that process, where one does, and its epochs done)."""
     from keras_skipinit import run_dir
 
     epochs, who = _epochs_recorded(config), run_dir.holder(config.model_dir)
     notes = ([f"running now: {who.split(' (')[0]}"] if who else []) + (
         [f"{epochs} of {config.epochs} epochs done"] if epochs else [])
-    return epochs, "; ".join(notes)
+    return epochs, who, "; ".join(notes)
 
 
 def _epochs_recorded(config):
