@@ -144,11 +144,7 @@ def _labels(model):
     classes = model.output_shape[-1]
     if F.labels is not None:
         return runtimes.read_labels(F.labels, classes)
-    if _run_of(F.source):
-        labels = run_dir.read_spec(_run_of(F.source)).get("labels")
-    else:  # a .keras file train.py saved carries them
-        labels = (run_dir.keras_metadata(F.source) or {}).get("labels")
-    return labels if labels and len(labels) == classes else None
+    return run_dir.recorded_labels(F.source, classes)
 
 
 def _data():

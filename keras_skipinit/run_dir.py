@@ -333,6 +333,17 @@ def keras_metadata(path):
     return None
 
 
+def recorded_labels(source, classes):
+    """The class names train.py recorded for `source`, a model_dir (its
+    model_spec.json) or a .keras file it saved, where they name `classes`
+    classes; else None (an export then answers class indices)."""
+    if os.path.isdir(source):
+        labels = read_spec(source).get("labels")
+    else:
+        labels = (keras_metadata(source) or {}).get("labels")
+    return list(labels) if labels and len(labels) == classes else None
+
+
 def load_keras(path):
     """A .keras file (no optimizer); a corrupt or foreign file is one line."""
     if not zipfile.is_zipfile(path):

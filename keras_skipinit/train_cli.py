@@ -159,12 +159,13 @@ def _export(config, name, results_path):
     TensorFlow, in a process of its own."""
     import keras
 
-    from keras_skipinit import files, serving
+    from keras_skipinit import files, run_dir, serving
 
     try:
         if keras.backend.backend() == "tensorflow":
             model, preprocessing, source = serving.load_source(config.model_dir)
-            path = serving.export(model, F.export_dir, name, preprocessing=preprocessing)
+            labels = run_dir.recorded_labels(config.model_dir, model.output_shape[-1])  # as python -m export's
+            path = serving.export(model, F.export_dir, name, preprocessing=preprocessing, labels=labels)
         else:
             source, path = _export_on_tensorflow(config.model_dir, name)
     except (ValueError, OSError) as e:

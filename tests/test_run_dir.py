@@ -308,6 +308,11 @@ def test_export_dir_uses_a_safe_name_and_records_the_export(tmp_path):
     exported = tmp_path / "serving" / "wrn10_lr_0.05" / "1"
     assert (exported / "saved_model.pb").exists()
     assert json.loads((model_dir / "results.json").read_text())["export_path"] == str(exported)
+    import tensorflow as tf
+
+    # The class names the run recorded are served, as python -m export serves them (the digits' names here).
+    outputs = tf.saved_model.load(str(exported)).signatures["serving_default"](images=tf.zeros([1, 28, 28, 1], tf.uint8))
+    assert outputs["top_k_labels"].numpy().astype(str).tolist() == outputs["top_k_classes"].numpy().astype(str).tolist()
     # The same command again: the run is complete and exported; no second version of the same weights.
     assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 0
     assert os.listdir(tmp_path / "serving" / "wrn10_lr_0.05") == ["1"]
