@@ -167,7 +167,7 @@ def _export_file(model, preprocessing, source, labels):
     from keras_skipinit import deploy, pipelines
 
     print(f"Converting {source} to {F.format}{' ' + F.quantize if F.quantize else ''} and checking the file on "
-          f"{F.check_images} images in its runtime (10-30 s)...", flush=True)
+          f"up to {F.check_images} test images in its runtime (10-30 s)...", flush=True)
     dataset = _data()
     if dataset.num_classes != model.output_shape[-1]:
         raise ValueError(f"{dataset.name} has {dataset.num_classes} classes, the model {model.output_shape[-1]}: "
