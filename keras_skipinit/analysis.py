@@ -325,7 +325,7 @@ def _inputs(kind, shape, batch, seed):
 
 
 def main(argv=None):
-    from keras_skipinit import applications, normalization as norm_lib
+    from keras_skipinit import applications
 
     parser = analysis_flags.build_parser()
     args = parser.parse_args(argv)
@@ -347,9 +347,7 @@ def main(argv=None):
     else:
         shape = (28, 28, 1) if args.inputs == "mnist_embedded" else (32, 32, 3)
         x = _inputs(args.inputs, shape, args.batch_size, args.seed)
-        for name in args.normalizations.split(","):
-            if name not in norm_lib.METHODS:
-                parser.error(f"--normalizations: {name!r} is not one of {norm_lib.NORMALIZATIONS}")
+        for name in args.normalizations:
             kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
             try:
                 model = applications.build(args.model, args.depth, args.width if applications.architecture(args.model).takes_width else None,
@@ -365,12 +363,9 @@ def main(argv=None):
 
 
 def _function_change_cli(args, parser):
-    from keras_skipinit import _cli, applications, normalization as norm_lib
+    from keras_skipinit import _cli, applications
 
-    names = args.normalizations.split(",")
-    unknown = [n for n in names if n not in norm_lib.NORMALIZATIONS]
-    if unknown:
-        parser.error(f"--normalizations: {unknown} not in {norm_lib.NORMALIZATIONS}")
+    names = args.normalizations
     args.lr = analysis_flags.FUNCTION_CHANGE_LR if args.lr is None else args.lr
     args.depths = args.depths or list(analysis_flags.FUNCTION_CHANGE_DEPTHS)
     if args.lr <= 0:

@@ -1,11 +1,23 @@
 """The flags of `python -m keras_skipinit.analysis` (no Keras here: its
 --help and bad flags are answered before Keras loads, `_cli.preparse`)."""
 
-from keras_skipinit import _cli, spec
+import argparse
+
+from keras_skipinit import _cli, normalization as norm_lib, spec
 
 DESCRIPTION = "Signal propagation at initialization (SkipInit §2.1, Fig. 2, App. B-C)."
 FUNCTION_CHANGE_DEPTHS, FUNCTION_CHANGE_LR = (16, 100, 1000), 1e-3  # --function_change's defaults
 TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")  # the toy networks of App. B/C
+
+
+def _methods(text):
+    """An argparse type: method names separated by commas (a list), checked
+    before Keras loads."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in norm_lib.METHODS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))}: not one of {', '.join(norm_lib.NORMALIZATIONS)}")
+    return names
 
 
 def build_parser():
@@ -16,7 +28,8 @@ def build_parser():
     parser.add_argument("--depth", type=_cli.positive_int, default=100,
                         help="WRN depth (6k+4), ResNet depth, CIFAR ResNet depth (6n+2), or toy blocks")
     parser.add_argument("--width", type=_cli.positive_int, default=1, help="WRN width, or toy width (default 1000 for toys)")
-    parser.add_argument("--normalizations", default="batchnorm,skipinit,fixup,none")
+    parser.add_argument("--normalizations", type=_methods, default="batchnorm,skipinit,fixup,none",
+                        help=f"methods separated by commas, of: {', '.join(norm_lib.NORMALIZATIONS)}")
     parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
     parser.add_argument("--batch_size", type=_cli.positive_int, default=128)
     parser.add_argument("--seed", type=int, default=0)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from keras_skipinit import analysis, applications as apps
+from keras_skipinit import analysis, analysis_flags, applications as apps
 
 RNG = np.random.default_rng(0)
 
@@ -125,9 +125,16 @@ def test_write_and_cli(tmp_path):
                    f"--out={tmp_path}/cifar"])
     assert len(json.load(open(tmp_path / "cifar" / "spp.json"))["fixup"]) == 3
     with pytest.raises(SystemExit):
-        analysis.main(["--normalizations=layernorm", f"--out={tmp_path}/bad"])
-    with pytest.raises(SystemExit):
         analysis.main(["--model=cifar_resnet", "--depth=10", f"--out={tmp_path}/bad"])
+
+
+def test_an_unknown_method_is_refused_by_the_flags_alone(capsys):
+    """--normalizations is checked by the flag parser, which runs before Keras
+    loads (`_cli.preparse`): one line naming the unknown names and the known."""
+    with pytest.raises(SystemExit):
+        analysis_flags.build_parser().parse_args(["--normalizations=skipinit,layernorm"])
+    err = capsys.readouterr().err
+    assert "'layernorm': not one of batchnorm, ghost_batchnorm, skipinit" in err and "'skipinit'" not in err
 
 
 def test_models_without_blocks_are_rejected():
