@@ -12,8 +12,12 @@ record their settings, checked before any work (methods whose layers
 coincide, e.g. /sqrt(2) and no scaling, differ only there; a source that
 records none, a weights file, is taken to be this run's method, and a note
 says so). The head (the classifier, and Fixup's scalar bias
-before it: `BlockOps.head`) is copied when the class count matches, and
-otherwise keeps the method's own initialization (zero for Fixup). Only a
+before it: `BlockOps.head`) is copied where its classes are this run's,
+matched by name where both sides record names (another order, or a subset:
+each class's column of the classifier is its own), by the class count where
+one does not (a weights file); otherwise it keeps the method's own
+initialization (zero for Fixup): a head of other classes that happened to
+be as many would start every class from another class's weights. Only a
 run's first start loads the source: a resumed run continues from its own
 checkpoint.
 """
@@ -82,11 +86,25 @@ def _source(path, rebuild):
     return run_dir.load_keras(path), path
 
 
-def load_into(model, path, rebuild):
+def class_order(theirs, mine, their_count, my_count):
+    """The source's class index for each of this run's classes (see the
+    module docstring), or None where the head cannot be copied: `theirs`,
+    `mine`: the class names each side records (None where unknown)."""
+    if theirs and mine:
+        return [list(theirs).index(name) for name in mine] if set(mine) <= set(theirs) else None
+    return list(range(my_count)) if their_count == my_count else None
+
+
+def load_into(model, path, rebuild, labels=None):
     """Copies the source's weights into `model` (see the module docstring);
     returns one line saying what was loaded. `rebuild(classes)` makes this
-    run's architecture with another class count (for a weights file)."""
+    run's architecture with another class count (for a weights file);
+    `labels`: this run's class names."""
+    from keras_skipinit import run_dir
+
     source, description = _source(path, rebuild)
+    their_labels = None if path.endswith(WEIGHTS) else run_dir.recorded_labels(path, source.output_shape[-1])
+    order = class_order(their_labels, labels, source.output_shape[-1], model.output_shape[-1])
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []
     for layer in model.layers:
@@ -95,7 +113,7 @@ def load_into(model, path, rebuild):
             continue
         same = layer.name in theirs and [w.shape for w in theirs[layer.name]] == [w.shape for w in mine]
         if layer.name in HEAD:
-            head.append((layer, same))
+            head.append(layer)
         elif not same:
             found = ("has no such layer" if layer.name not in theirs else
                      f"{[w.shape for w in theirs[layer.name]]} there, {[w.shape for w in mine]} here")
@@ -114,12 +132,30 @@ def load_into(model, path, rebuild):
                  f"\nNote: --init_from={path} records no settings or preprocessing: its layers match this model's, "
                  "so its method (methods whose layers coincide, /sqrt(2) and no scaling, differ only in settings) "
                  "and preprocessing are taken to be this run's.")
-    if head and all(same for _, same in head):
-        for layer, _ in head:
-            layer.set_weights(theirs[layer.name])
-        return f"Started from {description}: {len(body)} layers and the classifier.{unchecked}"
-    return (f"Started from {description}: {len(body)} layers; the classifier re-initialized "
-            f"({source.output_shape[-1]} classes there, {model.output_shape[-1]} here).{unchecked}")
+    copied = order is not None and [_head_weights(layer, theirs, order) for layer in head]
+    if head and copied and all(w is not None for w in copied):
+        for layer, w in zip(head, copied):
+            layer.set_weights(w)
+        matched = "" if order == list(range(source.output_shape[-1])) else (
+            f", its {len(order)} classes matched by name among the {source.output_shape[-1]} there")
+        return f"Started from {description}: {len(body)} layers and the classifier{matched}.{unchecked}"
+    other = (f"other classes: {_names(their_labels)} there; {_names(labels)} here" if their_labels and labels
+             else f"{source.output_shape[-1]} classes there, {model.output_shape[-1]} here")
+    return f"Started from {description}: {len(body)} layers; the classifier re-initialized ({other}).{unchecked}"
+
+
+def _head_weights(layer, theirs, order):
+    """The source's weights of a head layer for this run's classes (the
+    classifier's last axis is the classes': kernel [features, classes] and
+    bias), or None where they do not fit."""
+    if layer.name not in theirs:
+        return None
+    weights = [w[..., order] if layer.name == HEAD[0] else w for w in theirs[layer.name]]
+    return weights if [w.shape for w in weights] == [w.shape for w in layer.get_weights()] else None
+
+
+def _names(labels, shown=4):
+    return ", ".join(map(str, labels[:shown])) + (f", ... {len(labels) - shown} more" if len(labels) > shown else "")
 
 
 def _record(path):

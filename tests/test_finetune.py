@@ -51,6 +51,26 @@ def test_a_new_head_on_the_runs_backbone_and_a_linear_probe(source_and_folder, t
     assert not np.allclose(frozen["predictions"][0], mine["predictions"][0])
 
 
+def test_the_classifier_follows_the_class_names(source_and_folder, tmp_path, capsys):
+    """Both runs record class names: a folder of the digits 0, 1 and 7 starts
+    from the digits classifier's columns 0, 1 and 7 (a rule by class count
+    re-initialized it), and 10 classes of other names start from a new head
+    (that rule gave each class another class's weights)."""
+    source, _ = source_and_folder
+    theirs = weights(source)
+    digits = write_folder(tmp_path / "digits", per_class=(16, 4), classes={"0": 0, "1": 1, "7": 7})
+    _, tuned = tune(tmp_path, source, digits, "by_name", learning_rate=1e-9)
+    mine = weights(tuned)
+    np.testing.assert_allclose(mine["predictions"][0], theirs["predictions"][0][:, [0, 1, 7]], atol=1e-6)
+    np.testing.assert_allclose(mine["predictions"][1], theirs["predictions"][1][[0, 1, 7]], atol=1e-6)
+    assert "and the classifier, its 3 classes matched by name among the 10 there." in capsys.readouterr().out
+    others = write_folder(tmp_path / "others", per_class=(16, 4), classes={f"c{d}": d for d in range(10)})
+    _, tuned = tune(tmp_path, source, others, "other_names", learning_rate=1e-9)
+    assert not np.allclose(weights(tuned)["predictions"][0], theirs["predictions"][0], atol=1e-3)
+    assert ("the classifier re-initialized (other classes: 0, 1, 2, 3, ... 6 more there; c0, c1, c2, c3, ... 6 more "
+            "here)") in capsys.readouterr().out
+
+
 def test_a_start_on_other_preprocessing_says_so(source_and_folder, tmp_path, capsys):
     """The digits run standardized each image; a fine-tuning run on the folder's per-channel statistics
     feeds its first layers otherwise scaled inputs: one note line, and none where they agree."""

@@ -18,13 +18,14 @@ from keras_skipinit import data as data_lib, digits, image_folder, run_dir, trai
 CLASSES = {"one": 1, "seven": 7, "zero": 0}  # folder name -> digit; sorted names give labels 0, 1, 2
 
 
-def write_folder(root, per_class=(40, 12)):
-    """root/{train,test}/<class>/: grayscale PNGs and JPEGs of real digits,
+def write_folder(root, per_class=(40, 12), classes=None):
+    """root/{train,test}/<class>/ (`classes`: folder name -> digit, default
+    CLASSES): grayscale PNGs and JPEGs of real digits,
     and in each train class one RGB PNG, one RGBA PNG, one palette GIF, one
     BMP, one WebP and one 40x40 image (so sizes differ: the default size applies)."""
     (xtr, ytr), (xte, yte) = digits.split()
     for split, (x, y), count in (("train", (xtr, ytr), per_class[0]), ("test", (xte, yte), per_class[1])):
-        for name, digit in CLASSES.items():
+        for name, digit in (classes or CLASSES).items():
             folder = root / split / name
             folder.mkdir(parents=True)
             for i, image in enumerate(x[y == digit][:count]):
