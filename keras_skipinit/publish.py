@@ -23,6 +23,9 @@ def labels_path(path):
     return stem(path) + ".labels.txt"
 
 
+SAVED_MODEL_LABELS = os.path.join("assets.extra", "labels.txt")  # a SavedModel version's class names, by class index
+
+
 def labels_text(labels):
     """A labels file's text: one class name a line."""
     return "".join(f"{label}\n" for label in labels)

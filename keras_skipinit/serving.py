@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import files, inference, preprocessing as preprocessing_lib, run_dir
+from keras_skipinit import files, inference, preprocessing as preprocessing_lib, publish, run_dir
 
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -138,7 +138,8 @@ def _warmup_records(model, preprocessing, model_name):
 def export(model, base_path, model_name, version=None, overwrite=False, preprocessing=preprocessing_lib.STANDARDIZE,
            top_k=5, fold_layers=True, labels=None):
     """Writes a TF Serving SavedModel; returns its directory. With `labels`
-    (class names by class index) the signatures also return top_k_labels."""
+    (class names by class index) the signatures also return top_k_labels, and
+    assets.extra/labels.txt holds them all (one a line, as beside a .tflite)."""
     check_target(base_path, model_name)
     model_base = os.path.join(base_path, model_name)
     if version is None:
@@ -161,6 +162,8 @@ def export(model, base_path, model_name, version=None, overwrite=False, preproce
         try:
             archive.write_out(tmp, verbose=False)
             os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+            if labels:
+                publish.write_labels(os.path.join(tmp, publish.SAVED_MODEL_LABELS), labels)
             with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
                 for record in _warmup_records(served, preprocessing, model_name):
                     writer.write(record)

@@ -125,6 +125,21 @@ def test_the_saved_model_answers_as_the_run(run_and_images, capsys, tmp_path):
 
 
 @tf_only
+def test_a_saved_model_names_every_class_not_only_its_served_top_k(run_and_images, capsys, tmp_path):
+    """The export writes every class name (assets.extra/labels.txt): on one
+    image, a SavedModel serving the top 1 answers --top_k=3 with three names
+    (from the signature's top_k_labels alone the other two were indices)."""
+    from keras_skipinit import serving
+
+    run, images = run_and_images
+    model, prep, _ = serving.load_source(str(run))
+    names = [f"digit {d}" for d in range(10)]
+    saved = serving.export(model, str(tmp_path / "serving"), "named", preprocessing=prep, labels=names, top_k=1)
+    status, (line,) = answers(capsys, f"--source={saved}", images / "nested" / "7_0.png", "--top_k=3")
+    assert status == 0 and all(label in names for label in line[1::2]) and len(line) == 7
+
+
+@tf_only
 @pytest.mark.heavy
 def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size(tmp_path, capsys):
     """A SavedModel that resizes and crops itself (ImageNet preprocessing) answers what its .keras file

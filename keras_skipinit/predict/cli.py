@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, image_folder, runtimes
+from keras_skipinit import _cli, image_folder, publish, runtimes
 
 # What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -147,11 +147,13 @@ def _saved_model(path):
 
     serve = tf.saved_model.load(path).signatures["serving_default"]
     height, width, channels = serve.structured_input_signature[1]["images"].shape[1:]
-    labels = {}
+    labels_file = os.path.join(path, publish.SAVED_MODEL_LABELS)  # every class's name; older exports lack it
+    classes = serve.structured_outputs["probabilities"].shape[-1]
+    labels = dict(enumerate(runtimes.read_labels(labels_file, classes))) if os.path.isfile(labels_file) else {}
 
     def probabilities(images, files):
         out = serve(images=tf.constant(images))
-        if "top_k_labels" in out:  # the names of the classes it answered
+        if "top_k_labels" in out:  # the names of the classes it answered (all that an older export gives)
             for classes, names in zip(out["top_k_classes"].numpy(), out["top_k_labels"].numpy()):
                 labels.update((int(c), n.decode()) for c, n in zip(classes, names))
         return out["probabilities"].numpy().astype(np.float32)
@@ -167,8 +169,6 @@ def _saved_model(path):
 
 def _exported_file(path):
     """A .tflite or .onnx file in its runtime (no TensorFlow needed: `runtimes`)."""
-    from keras_skipinit import publish
-
     if not os.path.isfile(path):
         raise ValueError(f"--source={path}: no such file")
     loaded = runtimes.open_file(path)
