@@ -360,6 +360,34 @@ def load_keras(path):
         raise ValueError(f"cannot load {path} as a Keras model: {files.one_line(e)}") from None
 
 
+def load_source(source, preprocessing=None):
+    """(model, preprocessing, description) from a train.py model_dir (its
+    newest state: newest checkpoint, else model.keras) or a .keras file,
+    whose evaluation preprocessing train.py records inside it. A .keras file
+    without that record needs `preprocessing`; it is never guessed. An
+    explicit `preprocessing` overrides the recorded one (a note line says so).
+    No TensorFlow: predict loads its Keras sources here on any backend."""
+    if preprocessing is not None:
+        preprocessing_lib.get(preprocessing)
+    if os.path.isdir(source):
+        if not os.path.exists(os.path.join(source, SPEC)):
+            raise ValueError(f"{source} is not a train.py model_dir (no {SPEC}).")
+        model, recorded, description = newest_model(source)
+    elif os.path.exists(source):
+        model, description = load_keras(source), source
+        recorded = (keras_metadata(source) or {}).get("preprocessing")
+        if recorded is None and preprocessing is None:
+            raise ValueError(
+                f"{source} does not record the preprocessing it was trained with (not saved by train.py); "
+                f"pass --preprocessing={'|'.join(preprocessing_lib.NAMES)}"
+            )
+    else:
+        raise ValueError(f"no such model file or model_dir: {source}")
+    if preprocessing is not None and recorded is not None and preprocessing != recorded:
+        print(f"Note: using preprocessing={preprocessing}; {source} was trained with {recorded}.")
+    return model, preprocessing or recorded, description
+
+
 def newest_model(model_dir):
     """(model, preprocessing, description) of the newest readable state in a
     run's model_dir: its newest readable checkpoint (equal to model.keras

@@ -234,31 +234,10 @@ def model_name_for(path):
 
 
 def load_source(source, preprocessing=None):
-    """(model, preprocessing, description) from a train.py model_dir (its
-    newest state: newest checkpoint, else model.keras) or a .keras file,
-    whose evaluation preprocessing train.py records inside it. A .keras file
-    without that record needs `preprocessing`; it is never guessed. An
-    explicit `preprocessing` overrides the recorded one."""
-    if preprocessing is not None:
-        preprocessing_lib.get(preprocessing)
-    if os.path.isdir(source):
-        if not os.path.exists(os.path.join(source, run_dir.SPEC)):
-            raise ValueError(f"{source} is not a train.py model_dir (no {run_dir.SPEC}).")
-        model, recorded, description = run_dir.newest_model(source)
-    elif os.path.exists(source):
-        model, description = run_dir.load_keras(source), source
-        recorded = (run_dir.keras_metadata(source) or {}).get("preprocessing")
-        if recorded is None and preprocessing is None:
-            raise ValueError(
-                f"{source} does not record the preprocessing it was trained with (not saved by train.py); "
-                f"pass --preprocessing={'|'.join(preprocessing_lib.NAMES)}"
-            )
-    else:
-        raise ValueError(f"no such model file or model_dir: {source}")
-    if preprocessing is not None and recorded is not None and preprocessing != recorded:
-        print(f"Note: exporting with preprocessing={preprocessing}; {source} was trained with {recorded}.")
-    check_exportable(model, preprocessing or recorded, source)
-    return model, preprocessing or recorded, description
+    """`run_dir.load_source` of a model an export can serve (`check_exportable`)."""
+    model, preprocessing, description = run_dir.load_source(source, preprocessing)
+    check_exportable(model, preprocessing, source)
+    return model, preprocessing, description
 
 
 def check_exportable(model, preprocessing, source):

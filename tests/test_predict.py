@@ -56,6 +56,25 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
     assert rows[0] == ["path", "label_1", "score_1", "label_2", "score_2"] and rows[1:] == lines
 
 
+def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_and_images, capsys, tmp_path):
+    """A .keras file train.py did not save records no preprocessing: refused,
+    naming --preprocessing, which then answers as the run; an export (which
+    preprocesses inside) refuses the flag."""
+    run, images = run_and_images
+    model, _, _ = run_dir.newest_model(str(run))
+    model.save(tmp_path / "plain.keras")
+    with pytest.raises(SystemExit):
+        predict.main([f"--source={tmp_path / 'plain.keras'}", str(images)])
+    assert "pass --preprocessing=standardize|" in capsys.readouterr().err
+    _, from_run = answers(capsys, f"--source={run}", images, "--top_k=2")
+    status, plain = answers(capsys, f"--source={tmp_path / 'plain.keras'}", images, "--top_k=2", "--preprocessing=standardize")
+    assert status == 0 and [[line[0], line[2], line[4]] for line in plain] == [[line[0], line[2], line[4]] for line in from_run]
+    (tmp_path / "m.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        predict.main([f"--source={tmp_path / 'm.onnx'}", str(images), "--preprocessing=standardize"])
+    assert "--preprocessing is for a train.py model_dir or a .keras file" in capsys.readouterr().err
+
+
 def test_unreadable_images_are_named_and_the_others_answered(run_and_images, capsys, tmp_path):
     run, images = run_and_images
     broken = tmp_path / "broken.png"
@@ -63,7 +82,7 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
     status = predict.main([f"--source={run}", str(images), str(broken)])
     out, err = capsys.readouterr()
     assert status == 1 and len(out.splitlines()) == 40 and "broken.png: not a readable image" in err
-    for argv, match in (([f"--source={tmp_path / 'none'}", str(images)], "no such model_dir or file"),
+    for argv, match in (([f"--source={tmp_path / 'none'}", str(images)], "no such model file or model_dir"),
                         ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder"),
                         ([f"--source={run}", str(images), f"--output={broken}/a.csv"], "is a file")):
         with pytest.raises(SystemExit) as exit_:

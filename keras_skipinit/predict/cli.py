@@ -8,7 +8,8 @@ atomically. `--source` answers in its own runtime, so the file
 users deploy is the file that answers:
 
 - a train.py model_dir (its newest state) or a `.keras` file train.py saved:
-  Keras, on this process's backend, with the run's recorded preprocessing;
+  Keras, on this process's backend, with the run's recorded preprocessing
+  (another `.keras` file: `--preprocessing` names its own);
 - a SavedModel version directory (`python -m export`), or its model folder
   (its newest version, as TF Serving serves): TensorFlow, its
   `serving_default` signature (its own in-graph preprocessing);
@@ -19,7 +20,8 @@ WebP) are decoded by PIL into the model's channels and evaluation size: the
 shorter side resized to the model's size and the centre square kept (for
 ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
 training folder. Class names: the run's (a .keras file train.py saved carries
-them), or `<file>.labels.txt` beside an exported file (else the class index). An unreadable image is a line on
+them), a SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside
+an exported file (else the class index). An unreadable image is a line on
 stderr; the others are answered, and the exit status is then 1. Exit 2: bad
 flags or a bad --source; 5: --output could not be written; 0: every image answered.
 """
@@ -33,7 +35,7 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, image_folder, publish, runtimes
+from keras_skipinit import _cli, image_folder, preprocessing as preprocessing_lib, publish, runtimes
 
 # What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -48,6 +50,9 @@ def build_parser():
     parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
                         "directory or its model folder (newest version), a .tflite or a .onnx file")
     parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
+    parser.add_argument("--preprocessing", default=None, choices=preprocessing_lib.NAMES,
+                        help="for a .keras file train.py did not save: the preprocessing it was trained with "
+                        "(default: the one train.py recorded)")
     parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
     parser.add_argument("--batch_size", type=_cli.positive_int, default=64, help="images per model call")
     return parser
@@ -86,17 +91,28 @@ def _versions(folder):
     return sorted((n for n in names if n.isdigit() and os.path.exists(os.path.join(folder, n, "saved_model.pb"))), key=int)
 
 
-def load(source):
-    """The `Source` that --source names, in its own runtime."""
-    if os.path.isdir(source):
-        if os.path.exists(os.path.join(source, "saved_model.pb")):
-            return _saved_model(source)
-        versions = _versions(source)
-        if versions:  # a model folder: its newest version, as TF Serving serves
-            return _saved_model(os.path.join(source, versions[-1]))
-    if source.endswith(tuple(r.suffix for r in runtimes.RUNTIMES.values())):
-        return _exported_file(source)
-    return _keras(source)
+def load(source, preprocessing=None):
+    """The `Source` that --source names, in its own runtime; `preprocessing`
+    (--preprocessing) for a Keras source only: an export preprocesses inside."""
+    version = _version_dir(source)
+    exported_file = source.endswith(tuple(r.suffix for r in runtimes.RUNTIMES.values()))
+    if preprocessing is not None and (version or exported_file):
+        raise ValueError(f"--preprocessing is for a train.py model_dir or a .keras file; --source={source} is an "
+                         "export, which preprocesses its images inside")
+    if version:
+        return _saved_model(version)
+    return _exported_file(source) if exported_file else _keras(source, preprocessing)
+
+
+def _version_dir(source):
+    """The SavedModel version directory `source` names (itself, or a model
+    folder's newest version, as TF Serving serves), else None."""
+    if not os.path.isdir(source):
+        return None
+    if os.path.exists(os.path.join(source, "saved_model.pb")):
+        return source
+    versions = _versions(source)
+    return os.path.join(source, versions[-1]) if versions else None
 
 
 def _softmax(x):
@@ -104,29 +120,18 @@ def _softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def _keras(source):
+def _keras(source, preprocessing=None):
     import keras
 
-    from keras_skipinit import preprocessing as preprocessing_lib, run_dir
+    from keras_skipinit import run_dir
 
-    labels = None
-    if os.path.isdir(source):
-        if not os.path.exists(os.path.join(source, run_dir.SPEC)):
-            models = sorted(n for n in os.listdir(source) if _versions(os.path.join(source, n)))  # an export's --base_path
-            hint = f": it holds exported models, e.g. --source={os.path.join(source, models[0])}" if models else ""
-            raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
-                             f"version directory (no saved_model.pb) or its model folder{hint}")
-        model, preprocessing, description = run_dir.newest_model(source)
-        labels = run_dir.read_spec(source).get("labels")
-    elif os.path.isfile(source):
-        model, description = run_dir.load_keras(source), source
-        metadata = run_dir.keras_metadata(source) or {}
-        preprocessing, labels = metadata.get("preprocessing"), metadata.get("labels")
-        if preprocessing is None:
-            raise ValueError(f"--source={source} does not record the preprocessing it was trained with (a .keras "
-                             "file train.py did not save)")
-    else:
-        raise ValueError(f"--source={source}: no such model_dir or file")
+    if os.path.isdir(source) and not os.path.exists(os.path.join(source, run_dir.SPEC)):
+        models = sorted(n for n in os.listdir(source) if _versions(os.path.join(source, n)))  # an export's --base_path
+        hint = f": it holds exported models, e.g. --source={os.path.join(source, models[0])}" if models else ""
+        raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
+                         f"version directory (no saved_model.pb) or its model folder{hint}")
+    model, preprocessing, description = run_dir.load_source(source, preprocessing)
+    labels = run_dir.recorded_labels(source, model.output_shape[-1])
     prep = preprocessing_lib.get(preprocessing)
     softmax_inside = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
 
@@ -159,8 +164,6 @@ def _saved_model(path):
         return out["probabilities"].numpy().astype(np.float32)
 
     if height is None:  # it resizes (shorter side to 256) and centre-crops 224 itself (ImageNet preprocessing):
-        from keras_skipinit import preprocessing as preprocessing_lib
-
         # give it the centre 256 square at 256, which its resize leaves as it is: its crop is then the run's
         # (a 224 crop given would be cropped again, the centre 87.5% enlarged)
         height = width = preprocessing_lib.IMAGENET_RESIZE
@@ -220,7 +223,7 @@ def main(argv=None):
             from keras_skipinit import run_dir
 
             run_dir.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
-        source = load(args.source)
+        source = load(args.source, args.preprocessing)
     except ValueError as e:
         _cli.refuse(NAME, str(e))
     answers = predict(source, files, args.top_k, args.batch_size,
