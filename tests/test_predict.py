@@ -58,8 +58,8 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
 
 def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_and_images, capsys, tmp_path):
     """A .keras file train.py did not save records no preprocessing: refused,
-    naming --preprocessing, which then answers as the run; an export (which
-    preprocesses inside) refuses the flag."""
+    naming --preprocessing, which then answers as the run (--labels names its
+    classes); an export (which preprocesses inside) refuses the flag."""
     run, images = run_and_images
     model, _, _ = run_dir.newest_model(str(run))
     model.save(tmp_path / "plain.keras")
@@ -69,6 +69,10 @@ def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_an
     _, from_run = answers(capsys, f"--source={run}", images, "--top_k=2")
     status, plain = answers(capsys, f"--source={tmp_path / 'plain.keras'}", images, "--top_k=2", "--preprocessing=standardize")
     assert status == 0 and [[line[0], line[2], line[4]] for line in plain] == [[line[0], line[2], line[4]] for line in from_run]
+    (tmp_path / "names.txt").write_text("".join(f"digit {d}\n" for d in range(10)))  # it records no names: --labels
+    _, named = answers(capsys, f"--source={tmp_path / 'plain.keras'}", images, "--preprocessing=standardize",
+                       f"--labels={tmp_path / 'names.txt'}")
+    assert [line[1] for line in named] == [f"digit {line[1]}" for line in from_run]
     (tmp_path / "m.onnx").write_bytes(b"")
     with pytest.raises(SystemExit):
         predict.main([f"--source={tmp_path / 'm.onnx'}", str(images), "--preprocessing=standardize"])

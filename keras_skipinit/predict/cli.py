@@ -21,7 +21,7 @@ shorter side resized to the model's size and the centre square kept (for
 ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
 training folder. Class names: the run's (a .keras file train.py saved carries
 them), a SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside
-an exported file (else the class index). An unreadable image is a line on
+an exported file (else the class index); `--labels=FILE` names them instead. An unreadable image is a line on
 stderr; the others are answered, and the exit status is then 1. Exit 2: bad
 flags or a bad --source; 5: --output could not be written; 0: every image answered.
 """
@@ -50,6 +50,8 @@ def build_parser():
     parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
                         "directory or its model folder (newest version), a .tflite or a .onnx file")
     parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
+    parser.add_argument("--labels", default=None, help="a file of class names, one a line (default: the names the "
+                        "source records, else the class index)")
     parser.add_argument("--preprocessing", default=None, choices=preprocessing_lib.NAMES,
                         help="for a .keras file train.py did not save: the preprocessing it was trained with "
                         "(default: the one train.py recorded)")
@@ -64,6 +66,7 @@ class Source:
     shape: tuple  # (height, width, channels) of the uint8 images `probabilities` takes
     resize: int  # shorter side resized to this, then the centre `shape[0]` square kept
     labels: dict  # class index -> name, where known
+    classes: int
     probabilities: object  # (uint8 batch, their files) -> float32 (batch, classes)
 
 
@@ -141,7 +144,8 @@ def _keras(source, preprocessing=None):
 
     height, width, channels = model.input_shape[1:]
     resize = preprocessing_lib.IMAGENET_RESIZE if prep.input_size else height
-    return Source(description, (height, width, channels), resize, dict(enumerate(labels or ())), probabilities)
+    return Source(description, (height, width, channels), resize, dict(enumerate(labels or ())), model.output_shape[-1],
+                  probabilities)
 
 
 def _saved_model(path):
@@ -167,7 +171,7 @@ def _saved_model(path):
         # give it the centre 256 square at 256, which its resize leaves as it is: its crop is then the run's
         # (a 224 crop given would be cropped again, the centre 87.5% enlarged)
         height = width = preprocessing_lib.IMAGENET_RESIZE
-    return Source(f"SavedModel {path}", (height, width, channels), height, labels, probabilities)
+    return Source(f"SavedModel {path}", (height, width, channels), height, labels, classes, probabilities)
 
 
 def _exported_file(path):
@@ -178,7 +182,7 @@ def _exported_file(path):
     labels_file = publish.labels_path(path)  # as the export wrote them; checked against the file's classes
     labels = dict(enumerate(runtimes.read_labels(labels_file, loaded.classes))) if os.path.isfile(labels_file) else {}
     height = loaded.shape[0]
-    return Source(path, loaded.shape, height, labels, lambda images, files: loaded.run(images))
+    return Source(path, loaded.shape, height, labels, loaded.classes, lambda images, files: loaded.run(images))
 
 
 def predict(source, files, top_k=1, batch_size=64, progress=None):
@@ -224,6 +228,8 @@ def main(argv=None):
 
             run_dir.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
         source = load(args.source, args.preprocessing)
+        if args.labels is not None:  # a new dict: a SavedModel's answers no longer name classes into it
+            source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
     except ValueError as e:
         _cli.refuse(NAME, str(e))
     answers = predict(source, files, args.top_k, args.batch_size,
