@@ -69,7 +69,7 @@ def our_command():
 COMMANDS = {"train.py": "keras_skipinit.train_cli", "keras-skipinit-train": "keras_skipinit.train_cli",
             "keras-skipinit-export": "keras_skipinit.export_cli", "export": "keras_skipinit.export_cli",
             "keras_skipinit.train_cli": "keras_skipinit.train_cli", "keras_skipinit.export_cli": "keras_skipinit.export_cli",
-            "keras_skipinit.sweep": "keras_skipinit.sweep.cli:build_parser",
+            "keras_skipinit.sweep": "keras_skipinit.sweep.cli:checked_parser",
             "keras_skipinit.analysis": "keras_skipinit.analysis_flags:build_parser",
             "keras_skipinit.sweep.quantization": "keras_skipinit.sweep.cli:quantization_parser",
             "keras_skipinit.predict": "keras_skipinit.predict.cli:build_parser",

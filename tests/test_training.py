@@ -386,14 +386,18 @@ def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
         (["-m", "keras_skipinit.analysis", "-h"], 0, "--function_change"),
         (["-m", "keras_skipinit.sweep.quantization", "--help"], 0, "--check_images"),
         (["-m", "keras_skipinit.predict", "--help"], 0, "--top_k"), (["-m", "keras_skipinit.predict", "x.png"], 2, "--source"),
-        (["-m", "keras_skipinit.sweep", "--epochs=0"], 2, "--epochs"), (["-m", "keras_skipinit.sweep", "--bogus"], 2, "--bogus")]
+        (["-m", "keras_skipinit.sweep", "--epochs=0"], 2, "--epochs"), (["-m", "keras_skipinit.sweep", "--bogus"], 2, "--bogus"),
+        # checks past the parser's own (sweep: parse_args's; analysis: its method list), before Keras too
+        (["-m", "keras_skipinit.sweep", "--methods=skipnit"], 2, "--methods: unknown ['skipnit']"),
+        (["-m", "keras_skipinit.analysis", "--normalizations=layernorm"], 2, "'layernorm': not one of")]
     for argv, status, match in cases:
         proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
         assert proc.returncode == status, (argv, proc.stderr[-2000:])
         if status:
             (line,) = proc.stderr.splitlines()
             assert match in line and line.startswith(("train.py: error:", "export: error:", "python -m keras_skipinit.sweep: error:",
-                                                 "python -m keras_skipinit.predict: error:")), (argv, line)
+                                                 "python -m keras_skipinit.predict: error:",
+                                                 "python -m keras_skipinit.analysis: error:")), (argv, line)
         else:
             assert match in proc.stdout and not proc.stderr, (argv, proc.stderr[-2000:])
 

@@ -187,6 +187,14 @@ def parse_args(argv=None):
     return args
 
 
+def checked_parser():
+    """The pre-parse's parser (`_cli.preparse`): its parse_args makes every
+    check of `parse_args`, so a bad value is refused before Keras loads."""
+    parser = build_parser()
+    parser.parse_args = parse_args
+    return parser
+
+
 def quantization_parser():
     """`python -m keras_skipinit.sweep.quantization`'s flags (here, not there: the pre-parse imports no module
     that runpy then runs)."""
