@@ -4,6 +4,7 @@ ONNX files. The run's own answers need no TensorFlow (CI's JAX stage runs
 the first tests)."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -92,6 +93,34 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_answers_stream_and_ctrl_c_keeps_those_given(run_and_images, capsys, tmp_path, monkeypatch):
+    """Ctrl-C in the third batch of 10: the 20 answers given are on stdout
+    and in --output, one line says where it stopped, exit 130 (the answers
+    came all at the end, so an interrupted run left none)."""
+    run, images = run_and_images
+    load = predict.load
+
+    def interrupted_in_the_third_batch(*args):
+        source = load(*args)
+        calls = []
+
+        def probabilities(images, files):
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return source.probabilities(images, files)
+
+        return dataclasses.replace(source, probabilities=probabilities)
+
+    monkeypatch.setattr(predict, "load", interrupted_in_the_third_batch)
+    status = predict.main([f"--source={run}", str(images), "--batch_size=10", f"--output={tmp_path / 'a.csv'}"])
+    out, err = capsys.readouterr()
+    assert status == 130 and len(out.splitlines()) == 20
+    assert "interrupted after 20 of 40 images; their answers are above and in --output" in err
+    with open(tmp_path / "a.csv") as f:
+        assert [row[0] for row in list(csv.reader(f))[1:]] == [line.split("\t")[0] for line in out.splitlines()]
 
 
 def test_a_path_that_would_split_its_line_is_written_as_a_json_string(run_and_images, capsys, tmp_path, monkeypatch):

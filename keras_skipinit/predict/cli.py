@@ -23,7 +23,9 @@ training folder. Class names: the run's (a .keras file train.py saved carries
 them), a SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside
 an exported file (else the class index); `--labels=FILE` names them instead. An unreadable image is a line on
 stderr; the others are answered, and the exit status is then 1. Exit 2: bad
-flags or a bad --source; 5: --output could not be written; 0: every image answered.
+flags or a bad --source; 5: --output could not be written; 130: Ctrl-C (the
+answers stream a batch at a time: those given are kept, in --output too);
+0: every image answered.
 """
 
 import csv
@@ -186,10 +188,10 @@ def _exported_file(path):
 
 
 def predict(source, files, top_k=1, batch_size=64, progress=None):
-    """[(file, [(label, score), ...] or None where it could not be read)], in the files' order."""
+    """(file, [(label, score), ...] or None where it could not be read), in
+    the files' order, a batch at a time (answers stream as they come)."""
     height, width, channels = source.shape
     mode = "L" if channels == 1 else "RGB"
-    answers = []
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
         decoded = [image_folder.decode(f, mode, source.resize, height) for f in chunk]
@@ -200,10 +202,10 @@ def predict(source, files, top_k=1, batch_size=64, progress=None):
             for (f, _), row in zip(readable, probabilities):
                 top = np.argsort(-row, kind="stable")[:top_k]
                 ranked[f] = [(int(c), float(row[c])) for c in top]
-        answers += [(f, ranked.get(f)) for f in chunk]
         if progress:
             progress(min(start + batch_size, len(files)), len(files))
-    return [(f, None if r is None else [(source.labels.get(c, str(c)), s) for c, s in r]) for f, r in answers]
+        for f in chunk:
+            yield f, ranked.get(f) and [(source.labels.get(c, str(c)), s) for c, s in ranked[f]]
 
 
 def _field(text):
@@ -232,19 +234,24 @@ def main(argv=None):
             source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
     except ValueError as e:
         _cli.refuse(NAME, str(e))
-    answers = predict(source, files, args.top_k, args.batch_size,
-                      _progress if sys.stderr.isatty() and len(files) > args.batch_size else None)
-    rows = []
-    for file, ranked in answers:
-        if ranked is None:
-            print(f"{NAME}: {file}: not a readable image (or not one PIL decodes, or 32-bit pixels)", file=sys.stderr)
-            continue
-        row = [file] + [value for label, score in ranked for value in (label, f"{score:.4f}")]
-        rows.append(row)
-        try:
-            print("\t".join(map(_field, row)), flush=True)
-        except BrokenPipeError:  # `| head`: the rest goes to --output only
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    progress = _progress if sys.stderr.isatty() and len(files) > args.batch_size else None
+    rows, unreadable, interrupted = [], 0, False
+    try:
+        for file, ranked in predict(source, files, args.top_k, args.batch_size, progress):
+            if ranked is None:
+                unreadable += 1
+                print(f"{NAME}: {file}: not a readable image (or not one PIL decodes, or 32-bit pixels)", file=sys.stderr)
+                continue
+            row = [file] + [value for label, score in ranked for value in (label, f"{score:.4f}")]
+            rows.append(row)
+            try:
+                print("\t".join(map(_field, row)), flush=True)
+            except BrokenPipeError:  # `| head`: the rest goes to --output only
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except KeyboardInterrupt:  # Ctrl-C: the answers so far stand, in --output too
+        interrupted = True
+        print(("\n" if progress else "") + f"{NAME}: interrupted after {len(rows) + unreadable} of {len(files)} images; "
+              f"their answers are above{' and in --output' if args.output else ''}", file=sys.stderr)
     if args.output is not None:
         from keras_skipinit import files as files_lib
 
@@ -259,7 +266,7 @@ def main(argv=None):
         except OSError as e:  # a full disk, a folder gone read-only: the answers above stand
             print(f"{NAME}: error: cannot write --output={args.output}: {files_lib.one_line(e)}", file=sys.stderr)
             return 5
-    return 0 if len(rows) == len(answers) else 1
+    return 130 if interrupted else 1 if unreadable else 0
 
 
 def run():
