@@ -384,7 +384,7 @@ def load_source(source, preprocessing=None):
     else:
         raise ValueError(f"no such model file or model_dir: {source}")
     if preprocessing is not None and recorded is not None and preprocessing != recorded:
-        print(f"Note: using preprocessing={preprocessing}; {source} was trained with {recorded}.")
+        print(f"Note: using preprocessing={preprocessing}; {source} was trained with {recorded}.", file=sys.stderr)
     return model, preprocessing or recorded, description
 
 

@@ -68,7 +68,7 @@ class Source:
     shape: tuple  # (height, width, channels) of the uint8 images `probabilities` takes
     resize: int  # shorter side resized to this, then the centre `shape[0]` square kept
     labels: dict  # class index -> name, where known
-    classes: int
+    classes: int  # the model's class count
     probabilities: object  # (uint8 batch, their files) -> float32 (batch, classes)
 
 
@@ -165,8 +165,8 @@ def _saved_model(path):
     def probabilities(images, files):
         out = serve(images=tf.constant(images))
         if "top_k_labels" in out:  # the names of the classes it answered (all that an older export gives)
-            for classes, names in zip(out["top_k_classes"].numpy(), out["top_k_labels"].numpy()):
-                labels.update((int(c), n.decode()) for c, n in zip(classes, names))
+            for indices, names in zip(out["top_k_classes"].numpy(), out["top_k_labels"].numpy()):
+                labels.update((int(c), n.decode()) for c, n in zip(indices, names))
         return out["probabilities"].numpy().astype(np.float32)
 
     if height is None:  # it resizes (shorter side to 256) and centre-crops 224 itself (ImageNet preprocessing):
