@@ -152,8 +152,11 @@ def _data():
     from keras_skipinit import data as data_lib, run_dir
 
     if F.dataset is not None:
-        if os.path.isdir(os.path.expanduser(F.dataset)) and data_lib.image_folder.evaluated_split(F.dataset) is None:
-            raise ValueError(f"--dataset={F.dataset} has no test/ (or validation/, val/) folder of the images an export "
+        folder = data_lib.image_folder.looks_like_folder(F.dataset)
+        if folder and (not os.path.isdir(os.path.expanduser(F.dataset))
+                       or data_lib.image_folder.evaluated_split(F.dataset) is None):
+            what = "has no" if os.path.isdir(os.path.expanduser(F.dataset)) else "is no folder with a"
+            raise ValueError(f"--dataset={F.dataset} {what} test/ (or validation/, val/) folder of the images an export "
                              "is checked on: name a folder with one, or leave --dataset out to check on the run's own")
         return data_lib.load(F.dataset)
     if _run_of(F.source) is None:

@@ -220,6 +220,8 @@ BAD_REQUESTS = [
       "--preprocessing=standardize"], "mnist_embedded has 10 classes, the model 5"),
     # A folder of class folders alone (train.py holds out --validation_examples there): nothing to check on.
     (["--format=litert", "--output=X/m.tflite", "--dataset=FLAT"], "has no test/ (or validation/, val/) folder"),
+    # No such folder: said as the export needs it (it named train.py's --validation_examples, which export has not).
+    (["--format=litert", "--output=X/m.tflite", "--dataset=X/none"], "none is no folder with a test/ (or validation/"),
 ]
 
 
