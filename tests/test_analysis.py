@@ -3,6 +3,7 @@ import json
 import math
 import os
 
+import keras
 import numpy as np
 import pytest
 
@@ -188,6 +189,8 @@ def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_w
 
 
 @pytest.mark.heavy
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the committed figures were computed on TensorFlow; "
+                    "the same seed draws other initial weights on another backend")
 @pytest.mark.parametrize("figure", ["spp_wrn100", "spp_toy_relu_bn"])
 def test_the_readmes_figures_are_what_their_commands_compute(tmp_path, figure):
     """docs/spp_* are what the README's commands write (spp_wrn100 drifted ~1% once, unnoticed): the same
