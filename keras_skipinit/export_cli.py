@@ -152,10 +152,10 @@ def _data():
     from keras_skipinit import data as data_lib, run_dir
 
     if F.dataset is not None:
-        folder = data_lib.image_folder.looks_like_folder(F.dataset)
-        if folder and (not os.path.isdir(os.path.expanduser(F.dataset))
-                       or data_lib.image_folder.evaluated_split(F.dataset) is None):
-            what = "has no" if os.path.isdir(os.path.expanduser(F.dataset)) else "is no folder with a"
+        is_dir = os.path.isdir(os.path.expanduser(F.dataset))
+        if data_lib.image_folder.looks_like_folder(F.dataset) and (
+                not is_dir or data_lib.image_folder.evaluated_split(F.dataset) is None):
+            what = "has no" if is_dir else "is no folder with a"
             raise ValueError(f"--dataset={F.dataset} {what} test/ (or validation/, val/) folder of the images an export "
                              "is checked on: name a folder with one, or leave --dataset out to check on the run's own")
         return data_lib.load(F.dataset)

@@ -103,7 +103,7 @@ def load_into(model, path, rebuild, labels=None):
     from keras_skipinit import run_dir
 
     source, description = _source(path, rebuild)
-    their_labels = None if path.endswith(WEIGHTS) else run_dir.recorded_labels(path, source.output_shape[-1])
+    their_labels = run_dir.recorded_labels(path, source.output_shape[-1])  # a weights file records none
     order = class_order(their_labels, labels, source.output_shape[-1], model.output_shape[-1])
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []

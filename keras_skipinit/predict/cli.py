@@ -158,9 +158,8 @@ def _saved_model(path):
 
     serve = tf.saved_model.load(path).signatures["serving_default"]
     height, width, channels = serve.structured_input_signature[1]["images"].shape[1:]
-    labels_file = os.path.join(path, publish.SAVED_MODEL_LABELS)  # every class's name; older exports lack it
     classes = serve.structured_outputs["probabilities"].shape[-1]
-    labels = dict(enumerate(runtimes.read_labels(labels_file, classes))) if os.path.isfile(labels_file) else {}
+    labels = _names_beside(os.path.join(path, publish.SAVED_MODEL_LABELS), classes)  # older exports lack the file
 
     def probabilities(images, files):
         out = serve(images=tf.constant(images))
@@ -181,10 +180,15 @@ def _exported_file(path):
     if not os.path.isfile(path):
         raise ValueError(f"--source={path}: no such file")
     loaded = runtimes.open_file(path)
-    labels_file = publish.labels_path(path)  # as the export wrote them; checked against the file's classes
-    labels = dict(enumerate(runtimes.read_labels(labels_file, loaded.classes))) if os.path.isfile(labels_file) else {}
+    labels = _names_beside(publish.labels_path(path), loaded.classes)  # as the export wrote them
     height = loaded.shape[0]
     return Source(path, loaded.shape, height, labels, loaded.classes, lambda images, files: loaded.run(images))
+
+
+def _names_beside(labels_file, classes):
+    """{class index: name} from an export's labels file, checked against its
+    class count; {} where it has none."""
+    return dict(enumerate(runtimes.read_labels(labels_file, classes))) if os.path.isfile(labels_file) else {}
 
 
 def predict(source, files, top_k=1, batch_size=64, progress=None):
