@@ -138,6 +138,19 @@ def positive_ints(text):
     return numbers(positive_int, text, "positive integers separated by commas (e.g. 16,100)")
 
 
+def writable_directory(text):
+    """An argparse type: a directory that exists or can be made, and can be
+    written (`files.check_writable`): refused before any work is done, not
+    when its results are written."""
+    from keras_skipinit import files
+
+    try:
+        files.check_writable(text, "")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("=")) from None
+    return text
+
+
 @contextlib.contextmanager
 def dropped_log_messages(*texts, logger=""):
     """Python logging records of `logger` (the root's by default) that

@@ -33,7 +33,8 @@ def build_parser():
     parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
     parser.add_argument("--batch_size", type=_cli.positive_int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/spp")
+    parser.add_argument("--out", type=_cli.writable_directory, default="runs/spp",
+                        help="a folder for the CSV, JSON and PNG (made if absent; checked before any work)")
     parser.add_argument("--function_change", action="store_true",
                         help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
                         "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")

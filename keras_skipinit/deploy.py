@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, run_dir, runtimes, serving, spec
+from keras_skipinit import _cli, _startup, files, inference, preprocessing as preprocessing_lib, publish, runtimes, serving, spec
 
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
@@ -213,7 +213,7 @@ def check_output(path, fmt, overwrite):
     directory = os.path.dirname(os.path.abspath(path))
     if not path.endswith(FORMATS[fmt].suffix):
         raise ValueError(f"--output for --format={fmt} must end in {FORMATS[fmt].suffix}, got {path}")
-    existing = run_dir.check_writable(directory, "--output's directory")
+    existing = files.check_writable(directory, "--output's directory")
     longest = os.path.basename(failed_path(path)) + ".check.json"  # the longest name an export writes there
     if len(longest.encode()) > os.pathconf(existing, "PC_NAME_MAX"):
         raise ValueError(f"--output's name is too long for its filesystem (the export writes {longest!r} beside it)")

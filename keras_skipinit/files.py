@@ -62,6 +62,23 @@ def new_folders(path):
         raise
 
 
+def check_writable(path, flag):
+    """A one-line ValueError, before any work, when the directory `path`
+    (made if absent) cannot be written: it or its nearest existing ancestor
+    is a file, or that ancestor is not writable (permissions, a read-only
+    filesystem). Returns that ancestor (`path` itself where it exists)."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag}={path} is a file, not a directory" if existing == os.path.abspath(path)
+                         else f"{flag}={path} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}={path} cannot be written: {existing} is not writable "
+                         "(permissions or a read-only filesystem)")
+    return existing
+
+
 def write_atomic(path, content):
     """`content` (str or bytes) written to a temporary file beside `path` and
     renamed: `path` is complete or as it was. The temporary file is the

@@ -219,7 +219,7 @@ def check_target(base_path, model_name, flag="--base_path"):
         )
     if not base_path:
         raise ValueError(f"{flag} must name a directory, got an empty one")
-    run_dir.check_writable(base_path, flag)
+    files.check_writable(base_path, flag)
 
 
 def model_name_for(path):

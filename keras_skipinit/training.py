@@ -65,7 +65,7 @@ def validate(config):
         )
     if not c.model_dir or not c.model_dir.strip():
         raise ValueError("model_dir must name a directory (got an empty --model_dir; an unset shell variable?)")
-    run_dir.check_writable(c.model_dir, "--model_dir")
+    files.check_writable(c.model_dir, "--model_dir")
     finetune.check(c)
     if data_lib.image_folder.looks_like_folder(c.dataset):
         data_lib.image_folder.layout(c.dataset, held_out=bool(c.validation_examples))  # before the model_dir is touched

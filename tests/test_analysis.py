@@ -138,6 +138,18 @@ def test_an_unknown_method_is_refused_by_the_flags_alone(capsys):
     assert "'layernorm': not one of batchnorm, ghost_batchnorm, skipinit" in err and "'skipinit'" not in err
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused_by_the_flags_alone(tmp_path, capsys):
+    """--out under a file was found only when the results were written, after
+    the analysis (minutes at depth 1000): now the flag parser refuses it,
+    before Keras loads, and makes nothing."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        analysis_flags.build_parser().parse_args([f"--out={tmp_path}/file/spp"])
+    assert exit_info.value.code == 2
+    assert f"argument --out: {tmp_path}/file/spp cannot be made: {tmp_path}/file is a file" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["file"]
+
+
 def test_models_without_blocks_are_rejected():
     import keras
 

@@ -273,7 +273,7 @@ def test_unwritable_model_and_export_dirs_are_refused_before_anything_is_made(tm
     assert os.listdir(readonly) == []
     open(f"{tmp_path}/file", "w").close()  # a file where a folder would have to be made
     with pytest.raises(ValueError, match=f"^--out={tmp_path}/file/a cannot be made: {tmp_path}/file is a file$"):
-        run_dir.check_writable(f"{tmp_path}/file/a", "--out")
+        files.check_writable(f"{tmp_path}/file/a", "--out")
 
 
 def test_a_new_model_dir_holding_only_the_lock_file_is_accepted(tmp_path):

@@ -37,7 +37,7 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, image_folder, preprocessing as preprocessing_lib, publish, runtimes
+from keras_skipinit import _cli, files as files_lib, image_folder, preprocessing as preprocessing_lib, publish, runtimes
 
 # What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -230,9 +230,7 @@ def main(argv=None):
         if args.output is not None:
             if os.path.isdir(args.output):
                 raise ValueError(f"--output={args.output} is a folder, not a CSV file")
-            from keras_skipinit import run_dir
-
-            run_dir.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
+            files_lib.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
         source = load(args.source, args.preprocessing)
         if args.labels is not None:  # a new dict: a SavedModel's answers no longer name classes into it
             source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
@@ -257,8 +255,6 @@ def main(argv=None):
         print(("\n" if progress else "") + f"{NAME}: interrupted after {len(rows) + unreadable} of {len(files)} images; "
               f"their answers are above{' and in --output' if args.output else ''}", file=sys.stderr)
     if args.output is not None:
-        from keras_skipinit import files as files_lib
-
         text = io.StringIO()
         writer = csv.writer(text)
         pairs = max((len(row) // 2 for row in rows), default=args.top_k)  # --top_k, or the classes where fewer

@@ -5,7 +5,7 @@ import math
 import os
 import sys
 
-from keras_skipinit import _cli, spec
+from keras_skipinit import _cli, files, spec
 from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
@@ -210,16 +210,14 @@ def quantization_parser():
 def main(argv=None):
     args = parse_args(argv)
     try:
-        from keras_skipinit import run_dir
-
-        run_dir.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
+        files.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
         report.load_beside(args.beside, args)  # refused before any run
         factors.load(args.compare_to, args)
         if args.dry_run:
             print(runner.plan(args))
             return
         if not args.report_only:
-            run_dir.check_writable(args.runs_dir, "--runs_dir")
+            files.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:
             path = os.path.join(args.out, log.LOG)
             done = log.load(path)
