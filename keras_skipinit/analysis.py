@@ -26,15 +26,18 @@ Command line::
     python -m keras_skipinit.analysis --toy=relu_bn --depth=50 --out=docs/spp_toy
 """
 
+import contextlib
 import csv
+import io
 import json
 import math
 import os
+import sys
 
 import keras
 import numpy as np
 
-from keras_skipinit import analysis_flags
+from keras_skipinit import analysis_flags, files
 
 STATISTICS = ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var")
 TOYS = analysis_flags.TOYS
@@ -185,14 +188,14 @@ def write(results, out_dir, title="", theory_kind=None):
     per label (depth on x, log y, one line per statistic; dotted black lines:
     the App. B/C prediction for toy network `theory_kind`)."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "spp.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "spp.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, ["label", "block", "name", *STATISTICS])
-        writer.writeheader()
-        for label, rows in results.items():
-            for row in rows:
-                writer.writerow({"label": label, **row})
+    files.write_atomic(os.path.join(out_dir, "spp.json"), json.dumps(results, indent=1))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, ["label", "block", "name", *STATISTICS])
+    writer.writeheader()
+    for label, rows in results.items():
+        for row in rows:
+            writer.writerow({"label": label, **row})
+    files.write_atomic(os.path.join(out_dir, "spp.csv"), text.getvalue())
     import matplotlib
 
     plt = _pyplot()
@@ -234,9 +237,16 @@ def write(results, out_dir, title="", theory_kind=None):
     legend_rows = math.ceil(len(handles) / ncol)
     fig.tight_layout(rect=(0, 0.05 * legend_rows / nrows + 0.02, 1, 1))
     path = os.path.join(out_dir, "spp.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return path
+
+
+def _save(fig, path):
+    """The figure as a PNG, complete or as it was (rewritten as results come)."""
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
+    _pyplot().close(fig)
+    files.write_atomic(path, image.getvalue())
 
 
 def function_change(model, inputs, labels, lr=1e-3):
@@ -269,9 +279,8 @@ def write_function_change(results, out_dir, title):
     """results {method: {depth: value}} as function_change.json and .png
     (one line per method against depth, both axes log)."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "function_change.json"), "w") as f:
-        json.dump({k: {str(d): v if math.isfinite(v) else None for d, v in rows.items()} for k, rows in results.items()},
-                  f, indent=1)
+    files.write_atomic(os.path.join(out_dir, "function_change.json"), json.dumps(
+        {k: {str(d): v if math.isfinite(v) else None for d, v in rows.items()} for k, rows in results.items()}, indent=1))
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (method, rows) in enumerate(results.items()):
@@ -291,8 +300,7 @@ def write_function_change(results, out_dir, title):
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(out_dir, "function_change.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return path
 
 
@@ -347,19 +355,39 @@ def main(argv=None):
     else:
         shape = (28, 28, 1) if args.inputs == "mnist_embedded" else (32, 32, 3)
         x = _inputs(args.inputs, shape, args.batch_size, args.seed)
-        for name in args.normalizations:
-            kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
-            try:
-                model = applications.build(args.model, args.depth, args.width if applications.architecture(args.model).takes_width else None,
-                                           **kwargs)
-            except ValueError as e:
-                parser.error(str(e))
-            results[name] = block_statistics(model, x)
-            print(f"{name}: {len(results[name])} blocks measured", flush=True)
         title = f"{args.model} depth {args.depth}, at initialization ({args.inputs})"
-        theory_kind = None
+        with _kept_on_interrupt(args.out, "spp.*", results):
+            for name in args.normalizations:
+                kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
+                try:
+                    model = applications.build(args.model, args.depth, args.width if applications.architecture(args.model).takes_width else None,
+                                               **kwargs)
+                except ValueError as e:
+                    parser.error(str(e))
+                results[name] = block_statistics(model, x)
+                write(results, args.out, title)  # each method's rows as they come: an interruption keeps them
+                print(f"{name}: {len(results[name])} blocks measured", flush=True)
+        print(f"wrote {os.path.join(args.out, 'spp.png')}, spp.csv, spp.json")
+        return
     path = write(results, args.out, title, theory_kind)
     print(f"wrote {path}, spp.csv, spp.json")
+
+
+@contextlib.contextmanager
+def _kept_on_interrupt(out, what, results):
+    """Ctrl-C during a long analysis (an unrolled depth-1000 net builds for
+    minutes per method): one line naming what `out`'s files already hold
+    (rewritten, atomically, after each measurement: also what a SIGTERM
+    leaves), exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        done = [name if isinstance(rows, list) else f"{name} at depth {', '.join(map(str, rows))}"
+                for name, rows in results.items() if rows]  # rows: spp's list, or function change's {depth: value}
+        held = f"{os.path.join(out, what)} hold {', '.join(done)}" if done else "nothing was written"
+        print(f"\npython -m keras_skipinit.analysis: interrupted; {held} (run the command again for the rest)",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 def _function_change_cli(args, parser):
@@ -372,22 +400,24 @@ def _function_change_cli(args, parser):
         parser.error("--lr must be > 0")
     x, y = real_digits(args.batch_size, args.seed, with_labels=True)
     results = {name: {} for name in names}
-    for depth in args.depths:
-        for name in names:
-            try:
-                model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,
-                                           seed=args.seed, classifier_activation=None, dropout=0.0,
-                                           loop_blocks=depth >= 1000)
-            except ValueError as e:
-                parser.error(str(e))
-            with _cli.dropped_log_messages("triggered tf.function retracing", logger="tensorflow"):  # a new model each
-                results[name][depth] = function_change(model, x, y, args.lr)
-            print(f"{name} depth {depth}: ||f(theta - lr g) - f(theta)|| / lr = {results[name][depth]:.4g} "
-                  f"(logits per unit learning rate, RMS over {len(x)} images)", flush=True)
-            keras.backend.clear_session()
     title = (f"{args.model} width {args.width}: one SGD step at lr {args.lr:g} at init, "
              f"{args.batch_size} real digits (Fixup §3)")
-    print(f"wrote {write_function_change(results, args.out, title)}, function_change.json")
+    with _kept_on_interrupt(args.out, "function_change.*", results):
+        for depth in args.depths:
+            for name in names:
+                try:
+                    model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,
+                                               seed=args.seed, classifier_activation=None, dropout=0.0,
+                                               loop_blocks=depth >= 1000)
+                except ValueError as e:
+                    parser.error(str(e))
+                with _cli.dropped_log_messages("triggered tf.function retracing", logger="tensorflow"):  # a new model each
+                    results[name][depth] = function_change(model, x, y, args.lr)
+                path = write_function_change({k: rows for k, rows in results.items() if rows}, args.out, title)
+                print(f"{name} depth {depth}: ||f(theta - lr g) - f(theta)|| / lr = {results[name][depth]:.4g} "
+                      f"(logits per unit learning rate, RMS over {len(x)} images)", flush=True)
+                keras.backend.clear_session()
+    print(f"wrote {path}, function_change.json")
 
 
 if __name__ == "__main__":
