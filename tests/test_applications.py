@@ -48,6 +48,54 @@ def test_resnet50_matches_keras_applications(ours, theirs, count):
             assert model.get_layer(layer.name).output.shape == layer.output.shape, layer.name
 
 
+def _offline_imagenet(monkeypatch, name):
+    """keras.applications.`name` whose weights="imagenet" (a download) are
+    stand-ins: seeded random values, distinct per weight, recorded."""
+    real, made = getattr(keras.applications, name), []
+
+    def make(weights=None, **arguments):
+        model = real(weights=None, **arguments)
+        if weights == "imagenet":
+            rng = np.random.default_rng(1)
+            for w in model.weights:
+                w.assign(rng.uniform(0.5, 1.5, w.shape) if "variance" in w.path else 0.05 * rng.standard_normal(w.shape))
+            made.append((model, arguments))
+        return model
+
+    monkeypatch.setattr(keras.applications, name, make)
+    return made
+
+
+@pytest.mark.heavy
+def test_imagenet_weights_are_keras_applications_weights(monkeypatch):
+    """weights="imagenet" (keras.applications' signature) copies keras.applications'
+    ImageNet weights: the model then computes what keras.applications' does, for
+    V1 and V2, with the top and as a backbone, for BatchNorm and Ghost BatchNorm."""
+    x = RNG.standard_normal((2, 224, 224, 3)).astype("float32")
+    for ours, name, arguments in ((apps.ResNet50V1, "ResNet50", {"normalization": "ghost_batchnorm"}),
+                                  (apps.ResNet50V2, "ResNet50V2", {"include_top": False, "input_shape": (64, 64, 3)})):
+        made = _offline_imagenet(monkeypatch, name)
+        model = ours(weights="imagenet", **arguments)
+        ((theirs, passed),) = made
+        assert passed["input_shape"] == model.input_shape[1:]
+        inputs = x[:, :model.input_shape[1], :model.input_shape[2]]
+        np.testing.assert_allclose(model(inputs, training=False), theirs(inputs, training=False), atol=1e-5)
+        assert not np.allclose(model(inputs, training=False), ours(**arguments)(inputs, training=False), atol=1e-3)
+
+
+@pytest.mark.heavy
+def test_imagenet_weights_are_refused_before_the_download_where_they_do_not_fit(monkeypatch):
+    made = _offline_imagenet(monkeypatch, "ResNet50V2")
+    for arguments, message in (({"normalization": "skipinit"}, "differ from it in .* layer"),
+                               ({"loop_blocks": True}, "differ from it in .* layer"),
+                               ({"classes": 10}, "pass include_top=False for a backbone")):
+        with pytest.raises(ValueError, match=message):
+            apps.ResNet50V2(weights="imagenet", input_shape=(64, 64, 3), **arguments)
+    with pytest.raises(ValueError, match="ImageNet weights exist for the ImageNet ResNets"):
+        apps.WideResNet(16, 1, weights="imagenet")
+    assert made == []  # nothing downloaded
+
+
 def test_deeper_resnets_use_the_same_block_table():
     for depth, blocks in resnet.BLOCKS_PER_STAGE.items():
         for version in (1, 2):

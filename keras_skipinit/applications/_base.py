@@ -102,7 +102,7 @@ def allow_deep_graph(num_blocks):
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000 + 60 * num_blocks))
 
 
-def build(body_fn, arguments, *, context, default_name, default_input_shape, stem_stride):
+def build(body_fn, arguments, *, context, default_name, default_input_shape, stem_stride, keras_application=None):
     """Validates the common arguments, resolves the recipe, builds the model.
 
     ``arguments``: `APPLICATION_ARGS` and `KEYWORDS`, as the constructor got
@@ -111,7 +111,9 @@ def build(body_fn, arguments, *, context, default_name, default_input_shape, ste
     activation); the head here is global pooling + the classifier. With
     `pyramid_outputs` (and include_top=False, pooling=None) the model returns
     the stage outputs instead, `pyramid(...)`; `stem_stride` is the stride of
-    the body's first residual block input.
+    the body's first residual block input; `keras_application`: the name of
+    the keras.applications constructor with this architecture, whose ImageNet
+    weights `weights="imagenet"` loads (`imagenet_weights`).
     """
     method = dict(arguments)
     include_top, weights, input_tensor, input_shape, pooling, classes, classifier_activation, name = (
@@ -124,10 +126,13 @@ def build(body_fn, arguments, *, context, default_name, default_input_shape, ste
     if pyramid_outputs and (include_top or pooling is not None):
         raise ValueError("pyramid_outputs=True returns feature maps: pass include_top=False and pooling=None "
                          f"(got include_top={include_top!r}, pooling={pooling!r}).")
-    if weights is not None and not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
+    if weights == "imagenet" and keras_application is None:
+        raise ValueError(f"weights='imagenet': ImageNet weights exist for the ImageNet ResNets (keras.applications'), "
+                         f"not for {default_name}; pass None or the path to a weights file (.weights.h5).")
+    if weights not in (None, "imagenet") and not (isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)):
         raise ValueError(
-            "weights must be None (random initialization) or the path to an existing "
-            f"weights file (.weights.h5), got {weights!r}."
+            "weights must be None (random initialization), 'imagenet' (the ResNets: keras.applications' weights) "
+            f"or the path to an existing weights file (.weights.h5), got {weights!r}."
         )
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
@@ -158,9 +163,41 @@ def build(body_fn, arguments, *, context, default_name, default_input_shape, ste
     elif pooling == "max":
         x = keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
     model = keras.Model(inputs, x, name=name or default_name)
-    if weights is not None:
+    if weights == "imagenet":
+        imagenet_weights(model, keras_application, include_top=include_top, classes=classes,
+                         classifier_activation=classifier_activation)
+    elif weights is not None:
         model.load_weights(weights)
     return model
+
+
+def imagenet_weights(model, keras_application, **top):
+    """Copies the ImageNet weights of keras.applications' `keras_application`
+    (e.g. "ResNet50V2"; downloaded by Keras on first use, then cached) into
+    `model`, layer by layer by name. The BatchNorm ResNets here are
+    keras.applications' networks layer for layer (names, shapes, and outputs
+    for the same weights); a model whose weights differ from it in any name
+    or shape (another method's layers, `loop_blocks`, `use_bias`) is refused
+    before the download. The weights expect keras.applications' input
+    scaling (`keras.applications.resnet_v2.preprocess_input`: [-1, 1] for
+    V2; `resnet.preprocess_input`: BGR, ImageNet means subtracted, for V1)."""
+    if top["include_top"] and top["classes"] != 1000:
+        raise ValueError(f"weights='imagenet' with include_top=True has ImageNet's 1000 classes, got classes="
+                         f"{top['classes']}: pass include_top=False for a backbone (and put a new classifier on it).")
+    make = getattr(keras.applications, keras_application)
+    shape = tuple(model.input_shape[1:])
+    weighted = lambda net: {layer.name: [tuple(w.shape) for w in layer.weights] for layer in net.layers if layer.weights}
+    ours, theirs = weighted(model), weighted(make(weights=None, input_shape=shape, **top))
+    if ours != theirs:
+        differing = sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
+        raise ValueError(f"weights='imagenet' are keras.applications.{keras_application}'s, a BatchNorm network: this "
+                         f"model's weights differ from it in {len(differing)} layer(s), e.g. {differing[0]!r} "
+                         "(another normalization, loop_blocks or use_bias): build it with normalization='batchnorm' "
+                         "or 'ghost_batchnorm' and their defaults.")
+    source = make(weights="imagenet", input_shape=shape, **top)
+    for layer in model.layers:
+        if layer.weights:
+            layer.set_weights(source.get_layer(layer.name).get_weights())
 
 
 def pyramid(block_outputs, features, stem_stride):

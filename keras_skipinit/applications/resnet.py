@@ -92,6 +92,8 @@ def ResNet(depth, version, **arguments):
     input_shape (default (224, 224, 3)), pooling, classes (default 1000),
     classifier_activation, name), then the keyword-only arguments below.
     `pyramid_outputs=True`: {"P2", "P3", "P4", "P5"} at strides 4, 8, 16, 32.
+    `weights="imagenet"` (BatchNorm or Ghost BatchNorm): keras.applications'
+    ImageNet weights, for its input scaling (`applications._base.imagenet_weights`).
     """
     spec.resnet_blocks(depth)
     if version not in (1, 2):
@@ -99,7 +101,8 @@ def ResNet(depth, version, **arguments):
     context = norm_lib.Context(num_blocks=sum(BLOCKS_PER_STAGE[depth]), branch_layers=BRANCH_LAYERS, v1=version == 1,
                                default_ghost_batch_size=256, default_regularized_dropout=0.2)
     return _base.build(_body(depth, version), arguments, context=context, default_name=f"resnet{depth}v{version}",
-                       default_input_shape=(224, 224, 3), stem_stride=4)
+                       default_input_shape=(224, 224, 3), stem_stride=4,
+                       keras_application=f"ResNet{depth}" + ("V2" if version == 2 else ""))
 
 
 def _variant(depth, version):
