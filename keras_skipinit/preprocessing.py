@@ -6,6 +6,9 @@
 |             | crop, flip where allowed (SkipInit §2.3)      | as it is                                 |
 | imagenet    | random-resized crop to 224 + flip, per-channel| shorter side to 256, center crop 224,    |
 |             | ImageNet mean/std                             | per-channel ImageNet mean/std            |
+| imagenet_tf | as imagenet, then x / 127.5 - 1               | as imagenet, then x / 127.5 - 1          |
+| imagenet_   | as imagenet, then BGR, ImageNet's means       | as imagenet, then BGR, ImageNet's means  |
+| caffe       | subtracted (keras.applications' V1 weights)   | subtracted                               |
 | <dataset>_  | per-channel mean/std of the dataset's training| per-channel mean/std of the image as it  |
 | mean_std    | split (`CHANNEL_STATS`), pad 4 + random crop, | is (the papers' CIFAR normalization;     |
 |             | flip where allowed                            | `--preprocessing=mean_std`)              |
@@ -31,6 +34,8 @@ IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CIFAR_PAD = 4
 CIFAR_MAX_SIZE = 64  # larger images are ImageNet-style
 STANDARDIZE, IMAGENET, MEAN_STD = "standardize", "imagenet", "mean_std"
+IMAGENET_TF, IMAGENET_CAFFE = "imagenet_tf", "imagenet_caffe"  # keras.applications' preprocess_input modes
+CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)  # keras.applications' 'caffe' mode: blue, green, red
 # Per-channel mean and std of the pixels (0-255) of a dataset's whole training split: the statistics of its
 # '<dataset>_mean_std' entry (the papers' CIFAR normalization). A dataset gets the
 # choice by a line here (tests recompute each from the data where it is at hand).
@@ -88,8 +93,9 @@ def _standardize_numpy(images):
     return ((x - mean) / std).astype("float32")
 
 
-def _imagenet_train(image, key, flip=True):
-    """Random-resized crop (area 8-100%, aspect 3/4-4/3) to 224 and flip."""
+def _imagenet_train(image, key, flip, normalize):
+    """Random-resized crop (area 8-100%, aspect 3/4-4/3) to 224 and flip,
+    then the entry's `normalize`."""
     import tensorflow as tf
 
     crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
@@ -107,7 +113,7 @@ def _imagenet_train(image, key, flip=True):
     image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)
-    return _imagenet_normalize(image)
+    return normalize(image)
 
 
 def _mean_std_train(image, key, flip, mean, std):
@@ -178,9 +184,15 @@ def _imagenet_resize_numpy(image):
     return resized[top : top + IMAGENET_SIZE, left : left + IMAGENET_SIZE]
 
 
-def _imagenet_normalize(images):
-    """Per-channel ImageNet mean/std of an image or a batch (channels last)."""
-    return _channels(images, IMAGENET_MEAN, IMAGENET_STD)
+def _bgr_channels(images, mean, std):
+    """`_channels` of the channels reversed (RGB to BGR, caffe's order)."""
+    import tensorflow as tf
+
+    return _channels(tf.reverse(tf.cast(images, tf.float32), [-1]), mean, std)
+
+
+def _bgr_channels_numpy(images, mean, std):
+    return _channels_numpy(np.asarray(images)[..., ::-1], mean, std)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,12 +242,23 @@ def _mean_std_entry(name, mean, std):
                          functools.partial(_channels_numpy, mean=mean, std=std), None)
 
 
+def _imagenet_entry(name, mean, std, bgr=False):
+    """ImageNet-style (random-resized crop / resize-256 and centre 224), then
+    (x - mean) / std per channel, of the channels reversed where `bgr`."""
+    normalize = functools.partial(_bgr_channels if bgr else _channels, mean=mean, std=std)
+    numpy = functools.partial(_bgr_channels_numpy if bgr else _channels_numpy, mean=mean, std=std)
+    return Preprocessing(name, functools.partial(_imagenet_train, normalize=normalize), _imagenet_resize, normalize,
+                         normalize, numpy, IMAGENET_SIZE, _imagenet_resize_numpy)
+
+
 PREPROCESSINGS = {
     STANDARDIZE: Preprocessing(STANDARDIZE, _standardize_train, None, _standardize, _standardize_batch,
                                  _standardize_numpy, None),
-    IMAGENET: Preprocessing(IMAGENET, _imagenet_train, _imagenet_resize, _imagenet_normalize, _imagenet_normalize,
-                              functools.partial(_channels_numpy, mean=IMAGENET_MEAN, std=IMAGENET_STD), IMAGENET_SIZE,
-                              _imagenet_resize_numpy),
+    IMAGENET: _imagenet_entry(IMAGENET, IMAGENET_MEAN, IMAGENET_STD),
+    # keras.applications' ImageNet weights' own input scaling (its preprocess_input modes), for
+    # `weights="imagenet"`: 'tf' (ResNet-V2: [-1, 1]) and 'caffe' (ResNet-V1: BGR, ImageNet's means subtracted).
+    IMAGENET_TF: _imagenet_entry(IMAGENET_TF, (127.5,) * 3, (127.5,) * 3),
+    IMAGENET_CAFFE: _imagenet_entry(IMAGENET_CAFFE, CAFFE_MEAN_BGR, (1.0,) * 3, bgr=True),
 }
 for _dataset, (_mean, _std) in CHANNEL_STATS.items():
     PREPROCESSINGS[f"{_dataset}_{MEAN_STD}"] = _mean_std_entry(f"{_dataset}_{MEAN_STD}", _mean, _std)

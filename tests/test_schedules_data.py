@@ -128,6 +128,26 @@ def test_imagenet_preprocessing_shapes_and_center_crop():
                                    preprocessing.get("imagenet").eval(tf.constant(other)).numpy(), atol=1e-4)
 
 
+@pytest.mark.parametrize("name,reference", [("imagenet_tf", "resnet_v2"), ("imagenet_caffe", "resnet")])
+def test_keras_applications_input_scaling_in_every_form(name, reference):
+    """The entries for keras.applications' ImageNet weights (`weights="imagenet"`)
+    scale pixels as its own preprocess_input does (V2: [-1, 1]; V1: BGR minus
+    ImageNet's means), in tf.data, the exports' batch form and the NumPy feed,
+    after the ImageNet resize and crop."""
+    import keras
+
+    prep = preprocessing.get(name)
+    images = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3)).astype(np.uint8)
+    want = getattr(keras.applications, reference).preprocess_input(images.astype(np.float32))
+    np.testing.assert_allclose(prep.batch(tf.constant(images)), want, atol=1e-4)
+    np.testing.assert_allclose(prep.numpy(images), want, atol=1e-4)
+    image = np.random.default_rng(1).integers(0, 256, (300, 260, 3)).astype(np.uint8)  # any size: resized, cropped
+    cropped = getattr(keras.applications, reference).preprocess_input(prep.resize(tf.constant(image)).numpy())
+    np.testing.assert_allclose(prep.eval(tf.constant(image)), cropped, atol=1e-4)
+    np.testing.assert_allclose(prep.numpy_eval([image])[0], cropped, atol=1e-3)
+    assert prep.train(tf.constant(images[0]), pipelines._element_seed(0, 0, 0), True).shape == (224, 224, 3)
+
+
 def _crop_of(out, padded, size):
     return any(np.allclose(out, padded[dy : dy + size, dx : dx + size], atol=1e-5) for dy in range(9) for dx in range(9))
 
