@@ -126,7 +126,7 @@ def _from_files(name, manual_dir):
 
 # The run settings `load_for` reads (the model: a folder's default image size).
 LOAD_SETTINGS = ("dataset", "data_dir", "manual_dir", "train_examples", "validation_examples", "preprocessing",
-                 "image_size", "channels", "skip_bad_images", "model")
+                 "image_size", "channels", "skip_bad_images", "model", "init_from")
 
 
 def load_settings(config):
@@ -140,10 +140,12 @@ def load_settings(config):
 def load_for(config):
     """`load` of the dataset a run's settings name (see `load_settings`)."""
     get = load_settings(config).get
+    architecture = spec.architecture(get("model"))
+    choice = architecture.keras_preprocessing if get("init_from") == spec.IMAGENET_WEIGHTS else get("preprocessing")
     return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
-                get("preprocessing"), folder=dict(image_size=get("image_size"), channels=get("channels"),
+                choice, folder=dict(image_size=get("image_size"), channels=get("channels"),
                                                   skip_bad=get("skip_bad_images"),
-                                                  default_size=spec.architecture(get("model")).default_input_shape[0]))
+                                                  default_size=architecture.default_input_shape[0]))
 
 
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,
@@ -166,8 +168,8 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if preprocessing_choice is not None:
         own_stats = image_folder.looks_like_folder(name)  # a folder's statistics are its own training images'
         # A bad choice fails before the data is read (a folder's statistics stand in until they are computed).
-        preprocessing.choose(preprocessing_choice, name, (1, 1, 1),
-                             stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
+        preprocessing.choose(preprocessing_choice, name, (1, 1, 1) if preprocessing_choice in preprocessing.CHOICES
+                             else (None, None, 3), stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
         dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
         stats = (lambda: preprocessing.channel_stats(_image_chunks(dataset.train))) if own_stats else None
         return dataclasses.replace(

@@ -24,6 +24,8 @@ checkpoint.
 
 import os
 
+from keras_skipinit import spec
+
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
 SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
 NEEDS = "the same " + ", ".join(f"--{name}" for name in SAME) + " and image channels"  # what a source must share
@@ -38,6 +40,9 @@ def check(config):
         return
     if config.lsuv:
         raise ValueError("lsuv initializes a model from scratch; --init_from starts it from another run's weights")
+    if config.init_from == IMAGENET:
+        _check_imagenet(config)
+        return
     from keras_skipinit import run_dir
 
     path = config.init_from
@@ -54,6 +59,26 @@ def check(config):
 
 
 WEIGHTS = ".weights.h5"  # model.save_weights' files
+IMAGENET = spec.IMAGENET_WEIGHTS  # --init_from's keras.applications ImageNet weights
+IMAGENET_METHODS = ("batchnorm", "ghost_batchnorm")  # whose layers are keras.applications' (applications._base)
+
+
+def _check_imagenet(config):
+    """--init_from=imagenet: keras.applications' weights exist for its
+    networks, the ResNets with BatchNorm (or Ghost BatchNorm) blocks as they
+    are, and take their own input scaling (`data.load_for` chooses it)."""
+    architecture = spec.architecture(config.model)
+    if not architecture.keras_application:
+        raise ValueError(f"--init_from=imagenet: keras.applications has ImageNet weights for --model=resnet_v1 and "
+                         f"resnet_v2 (depth 50, 101, 152), not for --model={config.model}")
+    if config.normalization not in IMAGENET_METHODS or config.loop_blocks:
+        raise ValueError(f"--init_from=imagenet: its weights are BatchNorm networks: --normalization="
+                         f"{' or '.join(IMAGENET_METHODS)} without --loop_blocks (got --normalization="
+                         f"{config.normalization}{', --loop_blocks' if config.loop_blocks else ''})")
+    if config.preprocessing is not None:
+        raise ValueError(f"--init_from=imagenet preprocesses as its weights expect ({architecture.keras_preprocessing} "
+                         f"for --model={config.model}); --preprocessing={config.preprocessing} would feed them "
+                         "inputs scaled otherwise")
 
 
 def _classes_in_weights(path):
@@ -69,9 +94,14 @@ def _classes_in_weights(path):
                          "(model.save_weights of a model with its top)") from None
 
 
-def _source(path, rebuild):
+def _source(path, rebuild, keras_application=None):
     from keras_skipinit import run_dir
 
+    if path == IMAGENET:  # downloaded by Keras on first use, then cached (~/.keras/models)
+        import keras
+
+        return getattr(keras.applications, keras_application)(weights="imagenet"), (
+            f"keras.applications.{keras_application}'s ImageNet weights")
     if os.path.isdir(path):
         model, _, description = run_dir.newest_model(path)
         return model, f"{path} ({description})"
@@ -95,15 +125,16 @@ def class_order(theirs, mine, their_count, my_count):
     return list(range(my_count)) if their_count == my_count else None
 
 
-def load_into(model, path, rebuild, labels=None):
+def load_into(model, path, rebuild, labels=None, keras_application=None):
     """Copies the source's weights into `model` (see the module docstring);
     returns one line saying what was loaded. `rebuild(classes)` makes this
     run's architecture with another class count (for a weights file);
-    `labels`: this run's class names."""
+    `labels`: this run's class names; `keras_application`: the
+    keras.applications network whose ImageNet weights `path` "imagenet" names."""
     from keras_skipinit import run_dir
 
-    source, description = _source(path, rebuild)
-    their_labels = run_dir.recorded_labels(path, source.output_shape[-1])  # a weights file records none
+    source, description = _source(path, rebuild, keras_application)
+    their_labels = None if path == IMAGENET else run_dir.recorded_labels(path, source.output_shape[-1])
     order = class_order(their_labels, labels, source.output_shape[-1], model.output_shape[-1])
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []
@@ -128,7 +159,7 @@ def load_into(model, path, rebuild, labels=None):
                          + f" no place in this model: the source needs {NEEDS}")
     for layer in body:
         layer.set_weights(theirs[layer.name])
-    unchecked = ("" if _record(path)[0] else  # a weights file, a .keras file not from train.py
+    unchecked = ("" if path == IMAGENET or _record(path)[0] else  # a weights file, a .keras file not from train.py
                  f"\nNote: --init_from={path} records no settings or preprocessing: its layers match this model's, "
                  "so its method (methods whose layers coincide, /sqrt(2) and no scaling, differ only in settings) "
                  "and preprocessing are taken to be this run's.")
@@ -174,7 +205,7 @@ def preprocessing_note(path, preprocessing):
     """A line where the source (a model_dir, or a .keras file train.py saved)
     was trained on other input preprocessing than this run's, else None: its
     first layers learned inputs scaled otherwise (a weights file records none)."""
-    theirs = _record(path)[1]
+    theirs = None if path == IMAGENET else _record(path)[1]  # ImageNet's: the run's own (`data.load_for`)
     if theirs is None or theirs == preprocessing:
         return None
     return (f"Note: --init_from={path} was trained on inputs preprocessed by {theirs}; this run's are by "

@@ -264,6 +264,7 @@ for _dataset, (_mean, _std) in CHANNEL_STATS.items():
     PREPROCESSINGS[f"{_dataset}_{MEAN_STD}"] = _mean_std_entry(f"{_dataset}_{MEAN_STD}", _mean, _std)
 NAMES = tuple(PREPROCESSINGS)
 CHOICES = (STANDARDIZE, MEAN_STD)  # what a run of images up to 64 px may choose (`choose`)
+KERAS_WEIGHTS = (IMAGENET_TF, IMAGENET_CAFFE)  # what --init_from=imagenet chooses (`spec.Architecture.keras_preprocessing`)
 # A dataset without a CHANNEL_STATS line (a folder of your own images) carries its statistics in the name:
 # 'mean_std(m1,m2,m3/s1,s2,s3)', so the run's record and every export made from it hold them.
 _INLINE = re.compile(r"mean_std\((?P<mean>[^/()]+)/(?P<std>[^/()]+)\)")
@@ -316,12 +317,20 @@ def choose(choice, dataset, image_shape, stats=None):
     where `choice` is None, else 'standardize' or 'mean_std' (the dataset's
     `CHANNEL_STATS`, else `stats()`, (mean, std) of its training images, as
     a `stats_name`: called only when the choice stands, since it reads the
-    whole split) for images up to 64 px; one line for anything else."""
-    if choice is not None and choice not in CHOICES:
+    whole split) for images up to 64 px, or keras.applications' input
+    scaling (`KERAS_WEIGHTS`) for ImageNet-style images; one line for anything else."""
+    if choice is not None and choice not in CHOICES + KERAS_WEIGHTS:
         raise ValueError(f"preprocessing must be one of {CHOICES} (or unset: the dataset's own), got {choice!r}.")
     own = for_images(image_shape)
     if choice is None:
         return own
+    if choice in KERAS_WEIGHTS:  # --init_from=imagenet's: the weights' own input scaling
+        if own != IMAGENET:
+            raise ValueError(f"--init_from=imagenet: keras.applications' ImageNet weights take ImageNet-style images "
+                             f"(over {CIFAR_MAX_SIZE} px, resized and cropped to {IMAGENET_SIZE}); {dataset} has "
+                             f"{'x'.join(map(str, image_shape))} images (a folder's --image_size={IMAGENET_SIZE} "
+                             "makes them so).")
+        return choice
     if own != STANDARDIZE:
         raise ValueError(f"--preprocessing={choice} is for images up to {CIFAR_MAX_SIZE} px; {dataset} has "
                          f"{'x'.join(map(str, image_shape))} images, which take {own}.")

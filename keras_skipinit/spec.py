@@ -63,6 +63,10 @@ class Architecture:
     name_format: str = ""  # its models' names, "wrn_{depth}_{width}": what `create_model(name)` parses
     names: tuple = ()  # the registered model names `list_models` lists (in `name_format`)
     version: tuple = ()  # the constructor's arguments after the depth (ResNet's version)
+    # keras.applications' network of the same layers, "ResNet{depth}V2", whose ImageNet weights weights="imagenet"
+    # (train.py: --init_from=imagenet) loads, and the `preprocessing` entry those weights expect ("": none).
+    keras_application: str = ""
+    keras_preprocessing: str = ""
 
 
 ARCHITECTURES = {
@@ -73,10 +77,12 @@ ARCHITECTURES = {
                                                   (100, 2), (1000, 1)))),
     "resnet_v1": Architecture(
         "ResNet V1", "ResNet-{depth} V1", "resnet:ResNet", (224, 224, 3), False, "50, 101, 152", resnet_blocks, version=(1,),
-        name_format="resnet{depth}_v1", names=tuple(f"resnet{d}_v1" for d in RESNET_BLOCKS)),
+        name_format="resnet{depth}_v1", names=tuple(f"resnet{d}_v1" for d in RESNET_BLOCKS),
+        keras_application="ResNet{depth}", keras_preprocessing=preprocessing_lib.IMAGENET_CAFFE),
     "resnet_v2": Architecture(
         "ResNet V2", "ResNet-{depth} V2", "resnet:ResNet", (224, 224, 3), True, "50, 101, 152", resnet_blocks, version=(2,),
-        name_format="resnet{depth}_v2", names=tuple(f"resnet{d}_v2" for d in RESNET_BLOCKS)),
+        name_format="resnet{depth}_v2", names=tuple(f"resnet{d}_v2" for d in RESNET_BLOCKS),
+        keras_application="ResNet{depth}V2", keras_preprocessing=preprocessing_lib.IMAGENET_TF),
     "cifar_resnet": Architecture(
         "CIFAR ResNet", "ResNet-{depth} (CIFAR)", "cifar_resnet:CifarResNet", (32, 32, 3), False,
         "6n+2 (8, 20, 32, 44, 56, 110, 1202)", cifar_blocks_per_stage, options=("shortcut", "stem_init"),
@@ -95,6 +101,9 @@ def architecture(model):
 def title(model, depth="n", width=None):
     """The name tables and plots use: WRN-16-1, ResNet-50 V2, ResNet-20 (CIFAR)."""
     return architecture(model).label.format(depth=depth, width=width)
+
+
+IMAGENET_WEIGHTS = "imagenet"  # --init_from's value for keras.applications' ImageNet weights (`finetune`)
 
 
 # --- the other settings' choices --------------------------------------------------------------------------------
@@ -149,9 +158,12 @@ class Config:
                                     choices=STEM_INITS)
     init_from: str | None = setting(None, "Start from another run's weights: a train.py model_dir (its newest "
                                     "state), a .keras file or a .weights.h5 file of the same --model, --depth, "
-                                    "--width and --normalization; its classifier too when the class count matches, "
-                                    "else the method's own init (keras_skipinit.finetune). A resumed run continues "
-                                    "from its own checkpoint.", experiment=True)
+                                    "--width and --normalization; its classifier too where its classes are this "
+                                    "run's, else the method's own init (keras_skipinit.finetune). Or "
+                                    f"'{IMAGENET_WEIGHTS}': keras.applications' ImageNet weights (--model=resnet_v1|"
+                                    "resnet_v2, --normalization=batchnorm|ghost_batchnorm; downloaded by Keras once), "
+                                    "the run preprocessing as they expect. A resumed run continues from its own "
+                                    "checkpoint.", experiment=True)
     freeze_backbone: bool = setting(False, "With --init_from: train the classifier only (a linear probe).",
                                     experiment=True)
     lsuv: bool = setting(False, "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training "

@@ -147,3 +147,50 @@ def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path
                                "--methods=skipinit", "--out=" + str(tmp_path / "sweep")])
     config = runner.config(settings, ("skipinit", 16, 64, 0.1, 0, "select"))
     assert config.init_from == str(path) and config.freeze_backbone
+
+
+@pytest.mark.heavy
+def test_imagenet_weights_start_a_resnet_with_their_own_preprocessing(tmp_path, monkeypatch, capsys):
+    """--init_from=imagenet: a ResNet50-V2 run on a folder starts from keras.applications'
+    ImageNet weights (stand-ins here: no download offline), its 3-class head new, and
+    preprocesses as those weights expect (imagenet_tf: [-1, 1]), which the run records
+    for its exports."""
+    from test_applications import _offline_imagenet
+
+    made = _offline_imagenet(monkeypatch, "ResNet50V2")
+    folder = write_folder(tmp_path / "folder", per_class=(4, 2))
+    config = training.Config(dataset=str(folder), model="resnet_v2", depth=50, normalization="batchnorm",
+                             init_from="imagenet", image_size=224,
+                             channels=3, epochs=1, steps_per_epoch=1, batch_size=4, learning_rate=1e-9,
+                             model_dir=str(tmp_path / "run"), verbose=0)
+    results = training.train(config)
+    ((theirs, _),) = made
+    mine = weights(tmp_path / "run")
+    for name in ("conv1_conv", "conv3_block2_2_conv", "conv5_block3_3_conv"):
+        np.testing.assert_allclose(mine[name][0], theirs.get_layer(name).get_weights()[0], atol=1e-6)
+    assert mine["predictions"][0].shape == (2048, 3)
+    assert "Started from keras.applications.ResNet50V2's ImageNet weights: " in capsys.readouterr().out
+    assert results["status"] == "completed"
+    assert json.load(open(tmp_path / "run" / "model_spec.json"))["preprocessing"] == "imagenet_tf"
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(model="wrn", depth=16), "ImageNet weights for --model=resnet_v1 and resnet_v2"),
+    (dict(normalization="skipinit"), "--normalization=batchnorm or ghost_batchnorm without --loop_blocks"),
+    (dict(preprocessing="standardize"), "preprocesses as its weights expect \\(imagenet_caffe for --model=resnet_v1"),
+])
+def test_imagenet_weights_where_they_do_not_fit_are_one_line(tmp_path, change, match):
+    config = training.Config(**{**dict(model="resnet_v1", depth=50, normalization="batchnorm", init_from="imagenet",
+                                       model_dir=str(tmp_path / "run")), **change})
+    with pytest.raises(ValueError, match=match):
+        training.validate(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_imagenet_weights_need_imagenet_style_images():
+    """28x28 digits would be standardized per image, not scaled as the weights expect: one line naming the fix."""
+    from keras_skipinit import preprocessing
+
+    with pytest.raises(ValueError, match="my_images has 28x28x3 images \\(a folder's --image_size=224 makes them so"):
+        preprocessing.choose("imagenet_tf", "my_images", (28, 28, 3))
+    assert preprocessing.choose("imagenet_caffe", "my_images", (None, None, 3)) == "imagenet_caffe"
