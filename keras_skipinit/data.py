@@ -144,8 +144,7 @@ def load_for(config):
     choice = architecture.keras_preprocessing if get("init_from") == spec.IMAGENET_WEIGHTS else get("preprocessing")
     return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
                 choice, folder=dict(image_size=get("image_size"), channels=get("channels"),
-                                                  skip_bad=get("skip_bad_images"),
-                                                  default_size=architecture.default_input_shape[0]))
+                                    skip_bad=get("skip_bad_images"), default_size=architecture.default_input_shape[0]))
 
 
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,

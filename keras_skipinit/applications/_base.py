@@ -186,8 +186,7 @@ def imagenet_weights(model, keras_application, **top):
                          f"{top['classes']}: pass include_top=False for a backbone (and put a new classifier on it).")
     make = getattr(keras.applications, keras_application)
     shape = tuple(model.input_shape[1:])
-    weighted = lambda net: {layer.name: [tuple(w.shape) for w in layer.weights] for layer in net.layers if layer.weights}
-    ours, theirs = weighted(model), weighted(make(weights=None, input_shape=shape, **top))
+    ours, theirs = _weight_shapes(model), _weight_shapes(make(weights=None, input_shape=shape, **top))
     if ours != theirs:
         differing = sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
         raise ValueError(f"weights='imagenet' are keras.applications.{keras_application}'s, a BatchNorm network: this "
@@ -198,6 +197,11 @@ def imagenet_weights(model, keras_application, **top):
     for layer in model.layers:
         if layer.weights:
             layer.set_weights(source.get_layer(layer.name).get_weights())
+
+
+def _weight_shapes(model):
+    """{layer name: its weights' shapes} of the layers that have weights."""
+    return {layer.name: [tuple(w.shape) for w in layer.weights] for layer in model.layers if layer.weights}
 
 
 def pyramid(block_outputs, features, stem_stride):
