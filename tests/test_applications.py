@@ -80,7 +80,6 @@ def test_imagenet_weights_are_keras_applications_weights(monkeypatch):
         assert passed["input_shape"] == model.input_shape[1:]
         inputs = x[:, :model.input_shape[1], :model.input_shape[2]]
         np.testing.assert_allclose(model(inputs, training=False), theirs(inputs, training=False), atol=1e-5)
-        assert not np.allclose(model(inputs, training=False), ours(**arguments)(inputs, training=False), atol=1e-3)
 
 
 @pytest.mark.heavy
