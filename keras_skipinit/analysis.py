@@ -358,6 +358,8 @@ def main(argv=None):
         title = f"{args.model} depth {args.depth}, at initialization ({args.inputs})"
         with _kept_on_interrupt(args.out, "spp.*", results):
             for name in args.normalizations:
+                if args.depth >= 500:  # silent for minutes otherwise (run_model.build_note's threshold)
+                    print(f"{name}: building depth {args.depth} unrolled (minutes on a CPU)...", flush=True)
                 kwargs = dict(input_shape=shape, normalization=name, seed=args.seed)
                 try:
                     model = applications.build(args.model, args.depth, args.width if applications.architecture(args.model).takes_width else None,
