@@ -145,9 +145,9 @@ def writable_directory(text):
     from keras_skipinit import files
 
     try:
-        files.check_writable(text, "")
+        files.check_writable(text)  # argparse names the flag
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("=")) from None
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

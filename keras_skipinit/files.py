@@ -62,19 +62,21 @@ def new_folders(path):
         raise
 
 
-def check_writable(path, flag):
+def check_writable(path, flag=None):
     """A one-line ValueError, before any work, when the directory `path`
     (made if absent) cannot be written: it or its nearest existing ancestor
     is a file, or that ancestor is not writable (permissions, a read-only
-    filesystem). Returns that ancestor (`path` itself where it exists)."""
+    filesystem); the line names it as `flag`=path (as path where no flag).
+    Returns that ancestor (`path` itself where it exists)."""
+    named = f"{flag}={path}" if flag else path
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise ValueError(f"{flag}={path} is a file, not a directory" if existing == os.path.abspath(path)
-                         else f"{flag}={path} cannot be made: {existing} is a file")
+        raise ValueError(f"{named} is a file, not a directory" if existing == os.path.abspath(path)
+                         else f"{named} cannot be made: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag}={path} cannot be written: {existing} is not writable "
+        raise ValueError(f"{named} cannot be written: {existing} is not writable "
                          "(permissions or a read-only filesystem)")
     return existing
 
