@@ -68,7 +68,7 @@ def _check_imagenet(config):
     networks, the ResNets with BatchNorm (or Ghost BatchNorm) blocks as they
     are, and take their own input scaling (`data.load_for` chooses it)."""
     architecture = spec.architecture(config.model)
-    if not architecture.keras_application:
+    if spec.keras_application(config.model, config.depth) is None:
         raise ValueError(f"--init_from=imagenet: keras.applications has ImageNet weights for --model=resnet_v1 and "
                          f"resnet_v2 (depth 50, 101, 152), not for --model={config.model}")
     if config.normalization not in IMAGENET_METHODS or config.loop_blocks:

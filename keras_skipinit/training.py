@@ -208,7 +208,7 @@ def _start_or_restore(run):
         if config.init_from and first_start:
             started = finetune.load_into(model, config.init_from, lambda classes: build_model(
                 config, run.dataset, classes=classes), run.dataset.label_names,
-                spec.architecture(config.model).keras_application.format(depth=config.depth))
+                spec.keras_application(config.model, config.depth))
             if run.chief:
                 note = finetune.preprocessing_note(config.init_from, run.dataset.preprocessing)
                 print(started + (f"\n{note}" if note else ""), flush=True)

@@ -102,7 +102,7 @@ def ResNet(depth, version, **arguments):
                                default_ghost_batch_size=256, default_regularized_dropout=0.2)
     return _base.build(_body(depth, version), arguments, context=context, default_name=f"resnet{depth}v{version}",
                        default_input_shape=(224, 224, 3), stem_stride=4,
-                       keras_application=spec.architecture(f"resnet_v{version}").keras_application.format(depth=depth))
+                       keras_application=spec.keras_application(f"resnet_v{version}", depth))
 
 
 def _variant(depth, version):
