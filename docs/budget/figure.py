@@ -7,8 +7,9 @@ docs/budget/updates*/ folder). Rerun after a folder gains runs:
     python docs/budget/figure.py
 
 It prints the points it draws. The best rate is the best 2 of 3 seeds' mean
-(`protocol.best_row`; on held-out images where the sweep chose so); the
-edge the largest rate where 2 of 3 trained (`protocol.stability_edge`),
+(2 of 2 at depth 1000; `protocol.best_row`; on held-out images where the
+sweep chose so); the edge the largest rate where 2 of 3 trained (2 of 2 at
+depth 1000; `protocol.stability_edge`),
 drawn as a lower bound where nothing above it failed yet. A cell of fewer
 than 3 rates (a grid not yet run) or with a rate still missing seeds (fewer
 than its sweep's --seeds) is left out (said)."""
@@ -90,7 +91,8 @@ def draw(found, path):
               "best": dict(marker="o", ms=6)}
     for i, method in enumerate(METHODS):
         for j, depth in enumerate(depths):
-            shift = 2 ** (0.15 * (j - (len(depths) - 1) / 2))  # depths side by side at one budget
+            # Depths side by side at one budget, and within a depth the methods: where both choose one rate, both show.
+            shift = 2 ** (0.25 * (j - (len(depths) - 1) / 2) + 0.12 * (i - (len(METHODS) - 1) / 2))
             color, dash = f"C{i}", ("-", "--", ":")[j % 3]
             for what, style in styles.items():
                 mine = sorted((p[2], p[4]) for p in found if p[:2] == (method, depth) and p[3] == what)
@@ -110,7 +112,8 @@ def draw(found, path):
     ax.set_xlabel("updates (batch 64, 9,600 Fashion-MNIST images, the cifar schedule's shape)")
     ax.set_ylabel("log2 learning rate")
     ax.set_title("Best rate (filled, best 2 of 3 seeds) and stability edge (square: largest rate where 2 of 3 train;\n"
-                 "triangle: nothing above it failed yet; diamond: survival half-train rate, 95% interval), WRN-d-1",
+                 "triangle: nothing above it failed yet; diamond: survival half-train rate, 95% interval), WRN-d-1;\n"
+                 "depth 1000: 2 seeds a rate, best 2 of 2, edge where 2 of 2 train",
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
