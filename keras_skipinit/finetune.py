@@ -24,7 +24,7 @@ checkpoint.
 
 import os
 
-from keras_skipinit import spec
+from keras_skipinit import normalization, spec
 
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
 SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
@@ -60,7 +60,6 @@ def check(config):
 
 WEIGHTS = ".weights.h5"  # model.save_weights' files
 IMAGENET = spec.IMAGENET_WEIGHTS  # --init_from's keras.applications ImageNet weights
-IMAGENET_METHODS = ("batchnorm", "ghost_batchnorm")  # whose layers are keras.applications' (applications._base)
 
 
 def _check_imagenet(config):
@@ -71,9 +70,10 @@ def _check_imagenet(config):
     if spec.keras_application(config.model, config.depth) is None:
         raise ValueError(f"--init_from=imagenet: keras.applications has ImageNet weights for --model=resnet_v1 and "
                          f"resnet_v2 (depth 50, 101, 152), not for --model={config.model}")
-    if config.normalization not in IMAGENET_METHODS or config.loop_blocks:
+    methods = normalization.imagenet_methods()
+    if config.normalization not in methods or config.loop_blocks:
         raise ValueError(f"--init_from=imagenet: its weights are BatchNorm networks: --normalization="
-                         f"{' or '.join(IMAGENET_METHODS)} without --loop_blocks (got --normalization="
+                         f"{' or '.join(methods)} without --loop_blocks (got --normalization="
                          f"{config.normalization}{', --loop_blocks' if config.loop_blocks else ''})")
     if config.preprocessing is not None:
         raise ValueError(f"--init_from=imagenet preprocesses as its weights expect ({architecture.keras_preprocessing} "

@@ -165,6 +165,11 @@ class Method:
       standardization): LSUV, which initializes unnormalized nets, refuses it.
     - preactivation_only: post-activation (V1) networks are refused.
     - scalar_lr: the default learning-rate multiplier of scalar parameters.
+    - imagenet_weights: its ImageNet ResNets are keras.applications' networks
+      (the same layers and the same function), so keras.applications'
+      ImageNet weights apply (``weights="imagenet"``, ``--init_from=imagenet``).
+      The same weights alone are not enough: bn_sqrt2 has them and divides
+      every block's output by sqrt(2).
     - hooks: layers of its own at a block's points, {point: (ops, x, name) ->
       x}, which `block_ops.BlockOps` calls: "branch_end" (the branch, before
       its ``_branch_out``), "merge" (the block's output, after the add) and
@@ -180,6 +185,7 @@ class Method:
     normalizes: bool = False
     preactivation_only: bool = False
     scalar_lr: float = 1.0
+    imagenet_weights: bool = False
     hooks: dict = dataclasses.field(default_factory=dict)
 
     def fields(self, context):
@@ -188,9 +194,10 @@ class Method:
 
 METHODS = {
     "batchnorm": Method("Batch Normalization", "He et al.; SkipInit §2", ("bn_momentum",), norm=_batchnorm,
-                        normalizes=True),
+                        normalizes=True, imagenet_weights=True),
     "ghost_batchnorm": Method("Ghost Batch Normalization", "SkipInit §3, §5, App. A",
-                              ("ghost_batch_size", "bn_momentum"), norm=_ghost_batchnorm, normalizes=True),
+                              ("ghost_batch_size", "bn_momentum"), norm=_ghost_batchnorm, normalizes=True,
+                              imagenet_weights=True),
     "skipinit": Method("SkipInit (alpha = 0)", "SkipInit §2.2, Table 1", ("alpha_init",), _skipinit),
     "regularized_skipinit": Method(
         "Regularized SkipInit", "SkipInit §4, §5, App. G", ("alpha_init",),
@@ -214,6 +221,12 @@ METHODS = {
                  normalizes=True, preactivation_only=True),
 }
 NORMALIZATIONS = tuple(METHODS)  # the built-in methods, in the order tables list them
+
+
+def imagenet_methods():
+    """The methods keras.applications' ImageNet weights apply to
+    (`Method.imagenet_weights`), read from `METHODS` as it is now."""
+    return tuple(name for name, method in METHODS.items() if method.imagenet_weights)
 
 
 def methods_taking(option):

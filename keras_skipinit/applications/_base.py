@@ -139,7 +139,12 @@ def build(body_fn, arguments, *, context, default_name, default_input_shape, ste
     if include_top and (not ksl._is_int(classes) or classes < 1):
         raise ValueError(f"classes must be a positive int when include_top=True, got {classes!r}.")
     classes = int(classes) if include_top else classes
-    recipe = norm_lib.resolve(method.pop("normalization"), context, **method)
+    normalization = method.pop("normalization")
+    recipe = norm_lib.resolve(normalization, context, **method)
+    if weights == "imagenet" and not norm_lib.METHODS[normalization].imagenet_weights:
+        raise ValueError(f"weights='imagenet' are keras.applications.{keras_application}'s, a BatchNorm network: "
+                         f"normalization={normalization!r} computes another function (Method.imagenet_weights); "
+                         f"build it with normalization={' or '.join(map(repr, norm_lib.imagenet_methods()))}.")
     allow_deep_graph(recipe.num_blocks)
 
     if input_tensor is None:
@@ -177,10 +182,11 @@ def imagenet_weights(model, keras_application, **top):
     `model`, layer by layer by name. The BatchNorm ResNets here are
     keras.applications' networks layer for layer (names, shapes, and outputs
     for the same weights); a model whose weights differ from it in any name
-    or shape (another method's layers, `loop_blocks`, `use_bias`) is refused
-    before the download. The weights expect keras.applications' input
-    scaling (`keras.applications.resnet_v2.preprocess_input`: [-1, 1] for
-    V2; `resnet.preprocess_input`: BGR, ImageNet means subtracted, for V1)."""
+    or shape (`loop_blocks`, `use_bias`) is refused before the download, as
+    is a method whose record says the weights do not apply to it (`build`).
+    The weights expect keras.applications' input scaling
+    (`keras.applications.resnet_v2.preprocess_input`: [-1, 1] for V2;
+    `resnet.preprocess_input`: BGR, ImageNet means subtracted, for V1)."""
     if top["include_top"] and top["classes"] != 1000:
         raise ValueError(f"weights='imagenet' with include_top=True has ImageNet's 1000 classes, got classes="
                          f"{top['classes']}: pass include_top=False for a backbone (and put a new classifier on it).")
@@ -191,8 +197,7 @@ def imagenet_weights(model, keras_application, **top):
         differing = sorted(name for name in ours.keys() | theirs.keys() if ours.get(name) != theirs.get(name))
         raise ValueError(f"weights='imagenet' are keras.applications.{keras_application}'s, a BatchNorm network: this "
                          f"model's weights differ from it in {len(differing)} layer(s), e.g. {differing[0]!r} "
-                         "(another normalization, loop_blocks or use_bias): build it with normalization='batchnorm' "
-                         "or 'ghost_batchnorm' and their defaults.")
+                         "(loop_blocks or use_bias): build it without them.")
     source = make(weights="imagenet", input_shape=shape, **top)
     for layer in model.layers:
         if layer.weights:
