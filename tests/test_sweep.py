@@ -4,7 +4,6 @@ import math
 import os
 import shutil
 import socket
-import time
 import types
 
 import keras
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_skipinit import machine, sweep, training
-from keras_skipinit.sweep import factors, presets, protocol, runner
+from keras_skipinit.sweep import cli as sweep_cli, factors, presets, protocol, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -471,23 +470,48 @@ def test_table1_report_shows_a_deeper_sweeps_cells_beside_its_own(tmp_path, monk
     assert not (tmp_path / "wide").exists()
 
 
+def _watched_on_a_fake_clock(monkeypatch):
+    """The sweep's EpochWatch without its thread: the fake training polls it itself (`poll` below) on the
+    sweep's fake clock, so what it shows depends on no wall time and no scheduling."""
+    clock, watches = [0.0], []
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))  # the sweep's clock only
+    monkeypatch.setattr(runner.EpochWatch, "start", lambda self: watches.append(self))
+    monkeypatch.setattr(runner.EpochWatch, "stop", lambda self: None)
+
+    def poll():
+        for watch in watches:
+            watch.poll()
+
+    return clock, poll
+
+
+def _epochs(config, epochs, clock, poll, seconds, dated, top1):
+    """Trains `epochs` as train writes them, `seconds` apart on the sweep's clock, each history.csv dated
+    `dated(epoch)`, the watch looking before the first and after each."""
+    from keras_skipinit import run_dir
+
+    rows = run_dir.read_history(config.model_dir) if os.path.exists(os.path.join(config.model_dir, run_dir.HISTORY)) else []
+    poll()
+    for epoch in epochs:
+        clock[0] += seconds
+        rows.append({"epoch": epoch, "lr": config.learning_rate, "cross_entropy": 1.0, "val_top1": top1 * epoch})
+        run_dir.write_history(config.model_dir, rows)
+        os.utime(os.path.join(config.model_dir, run_dir.HISTORY), (dated(epoch),) * 2)
+        poll()
+    return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
+            "wall_time_s": 2.0, "chief": True, "epochs_completed": epochs[-1], "config": dataclasses.asdict(config)}
+
+
 def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet(tmp_path, monkeypatch, capsys):
     """Between a sweep's per-run lines (40 min apart at depth 100 and 2,400
     updates), each run's finished epochs from its history.csv, with what is
-    left of it. Time shrunk here: a line at most every 0.2 s, a look every
-    0.02 s, epochs 0.5 s apart whose history.csv is dated 10 minutes apart."""
-    from keras_skipinit import run_dir
-
-    def train(config):  # three epochs, written as train writes them
-        rows = []
-        for epoch in (1, 2, 3):
-            time.sleep(0.5)
-            rows.append({"epoch": epoch, "lr": config.learning_rate, "cross_entropy": 1.0, "val_top1": 0.25 * epoch})
-            run_dir.write_history(config.model_dir, rows)
-            os.utime(os.path.join(config.model_dir, run_dir.HISTORY), (600.0 * epoch, 600.0 * epoch))
-        time.sleep(0.5)
-        return {"status": "completed", "eval_split": "test", "eval_top1": 0.75, "train_cross_entropy": 1.0,
-                "wall_time_s": 2.0, "chief": True, "epochs_completed": 3, "config": dataclasses.asdict(config)}
+    left of it; a run of a minute or less stays quiet (at most a line a
+    minute a run). On the sweep's fake clock: epochs 0.5 s apart, then 10
+    minutes apart with history.csv dated 10 minutes apart."""
+    clock, poll = _watched_on_a_fake_clock(monkeypatch)
+    seconds = [0.5]
+    fake_training(monkeypatch, lambda config: _epochs(config, (1, 2, 3), clock, poll, seconds[0],
+                                                      lambda epoch: 600.0 * epoch, 0.25))
 
     def sweep_once(out):
         os.makedirs(tmp_path / out / "runs" / "skipinit_d10_lr0.125_s0")
@@ -495,14 +519,12 @@ def test_a_run_longer_than_a_minute_shows_its_epochs_and_a_short_one_stays_quiet
                     "--no-extend_grid", f"--out={tmp_path / out}", f"--runs_dir={tmp_path / out / 'runs'}"])
         return [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
 
-    fake_training(monkeypatch, train)
-    assert sweep_once("quiet") == []  # 2 s: under a minute
-    monkeypatch.setattr(runner.EpochWatch, "every_s", 0.2)
-    monkeypatch.setattr(runner.EpochWatch, "poll_s", 0.02)
-    lines = sweep_once("shown")
-    assert lines[:2] == ["  skipinit depth 10 lr 2^-3 seed 0: epoch 1/3, test 25.0%",
-                         "  skipinit depth 10 lr 2^-3 seed 0: epoch 2/3, test 50.0%, about 10 min left in this run"]
-    assert len(lines) == 3 and lines[2].startswith("  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%")
+    assert sweep_once("quiet") == []  # 1.5 s: under a minute
+    seconds[0] = 600.0
+    assert sweep_once("shown") == [
+        "  skipinit depth 10 lr 2^-3 seed 0: epoch 1/3, test 25.0%",
+        "  skipinit depth 10 lr 2^-3 seed 0: epoch 2/3, test 50.0%, about 10 min left in this run",
+        "  skipinit depth 10 lr 2^-3 seed 0: epoch 3/3, test 75.0%, about 0 min left in this run"]
 
 
 def test_a_resumed_runs_time_left_is_measured_from_an_epoch_this_sweep_trained(tmp_path, monkeypatch, capsys):
@@ -511,20 +533,10 @@ def test_a_resumed_runs_time_left_is_measured_from_an_epoch_this_sweep_trained(t
     gives 10 min left (the rate spanned the interruption: hours)."""
     from keras_skipinit import run_dir
 
-    def train(config):  # epochs 2-4, dated 10 minutes apart from t = 10,000 s
-        rows = run_dir.read_history(config.model_dir)
-        for epoch in (2, 3, 4):
-            time.sleep(0.5)
-            rows.append({"epoch": epoch, "lr": config.learning_rate, "cross_entropy": 1.0, "val_top1": 0.2 * epoch})
-            run_dir.write_history(config.model_dir, rows)
-            os.utime(os.path.join(config.model_dir, run_dir.HISTORY), (1e4 + 600.0 * epoch,) * 2)
-        time.sleep(0.5)
-        return {"status": "completed", "eval_split": "test", "eval_top1": 0.8, "train_cross_entropy": 1.0,
-                "wall_time_s": 2.0, "chief": True, "epochs_completed": 4, "config": dataclasses.asdict(config)}
-
-    fake_training(monkeypatch, train)
-    monkeypatch.setattr(runner.EpochWatch, "every_s", 0.2)
-    monkeypatch.setattr(runner.EpochWatch, "poll_s", 0.02)
+    clock, poll = _watched_on_a_fake_clock(monkeypatch)
+    clock[0] = 1e4 + 600.0
+    fake_training(monkeypatch, lambda config: _epochs(config, (2, 3, 4), clock, poll, 600.0,
+                                                      lambda epoch: 1e4 + 600.0 * epoch, 0.2))
     resumed = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     os.makedirs(resumed)
     run_dir.write_history(str(resumed), [{"epoch": 1, "lr": 0.125, "cross_entropy": 1.0, "val_top1": 0.2}])
@@ -1174,4 +1186,7 @@ def test_unwritable_out_and_runs_dir_are_one_line_errors_before_any_run(tmp_path
         assert exit_info.value.code == 2, argv
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert flag in line and words in line, line
+        with pytest.raises(SystemExit):  # the pre-parse's parser: before Keras loads
+            sweep_cli.checked_parser().parse_args(["--preset=fixup_fig3", *argv])
+        assert flag in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")

@@ -19,13 +19,14 @@ Images (files, or folders searched recursively for JPEG, PNG, BMP, GIF and
 WebP) are decoded by PIL into the model's channels and evaluation size: the
 shorter side resized to the model's size and the centre square kept (for
 ImageNet preprocessing: to 256, the centre 224), as `image_folder` reads a
-training folder. Class names: the run's (a .keras file train.py saved carries
-them), a SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside
-an exported file (else the class index); `--labels=FILE` names them instead. An unreadable image is a line on
-stderr; the others are answered, and the exit status is then 1. Exit 2: bad
-flags or a bad --source; 5: --output could not be written; 130: Ctrl-C (the
-answers stream a batch at a time: those given are kept, in --output too);
-0: every image answered.
+training folder, a batch's files in threads (`image_folder.decode_all`).
+Class names: the run's (a .keras file train.py saved carries them), a
+SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside an
+exported file (else the class index); `--labels=FILE` names them instead. An
+unreadable image is a line on stderr; the others are answered, and the exit
+status is then 1. Exit 2: bad flags or a bad --source; 5: --output could
+not be written; 130: Ctrl-C (the answers stream a batch at a time: those
+given are kept, in --output too); 0: every image answered.
 """
 
 import csv
@@ -198,7 +199,7 @@ def predict(source, files, top_k=1, batch_size=64, progress=None):
     mode = "L" if channels == 1 else "RGB"
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        decoded = [image_folder.decode(f, mode, source.resize, height) for f in chunk]
+        decoded = image_folder.decode_all(chunk, mode, source.resize, height)
         readable = [(f, x) for f, x in zip(chunk, decoded) if x is not None and x.shape == (height, width, channels)]
         ranked = {}
         if readable:

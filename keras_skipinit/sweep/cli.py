@@ -184,6 +184,12 @@ def parse_args(argv=None):
         args.runs_dir = os.path.abspath(args.runs_dir)
         args.data_dir = args.data_dir and os.path.abspath(args.data_dir)
         args.manual_dir = args.manual_dir and os.path.abspath(args.manual_dir)
+    try:  # the pre-parse's call too: refused before Keras loads, not after it (seconds to a minute)
+        files.check_writable(args.out, "--out")  # also --report_only (it writes the report) and --dry_run
+        if not (args.report_only or args.dry_run):
+            files.check_writable(args.runs_dir, "--runs_dir")
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
@@ -210,14 +216,11 @@ def quantization_parser():
 def main(argv=None):
     args = parse_args(argv)
     try:
-        files.check_writable(args.out, "--out")  # also --report_only: it writes table.md, summary.json, sweep.png
         report.load_beside(args.beside, args)  # refused before any run
         factors.load(args.compare_to, args)
         if args.dry_run:
             print(runner.plan(args))
             return
-        if not args.report_only:
-            files.check_writable(args.runs_dir, "--runs_dir")
         if args.report_only:
             path = os.path.join(args.out, log.LOG)
             done = log.load(path)

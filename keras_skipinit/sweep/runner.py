@@ -246,16 +246,16 @@ def plan(settings):
     recorded = [run for ident, run in done.items() if ident[:3] in cells]
     pending, left = protocol.pending_runs(settings, done), protocol.runs_left(settings, done)
     progress = {run: _progress(config(settings, run)) for run in pending}
-    running = sum(bool(progress[run][1]) for run in pending)
+    running = sum(bool(progress[run].holder) for run in pending)
     lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now"
              + (f" ({running} of them running now in another process)" if running else "")
              + f", {left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
-    lines += [f"  {run_label(run, settings)}" + (f" ({progress[run][2]})" if progress[run][2] else "") for run in pending]
+    lines += [f"  {run_label(run, settings)}" + (f" ({progress[run].note})" if progress[run].note else "") for run in pending]
     times = {}
     for ident, run in done.items():
         if ident[:3] in cells and run.get("wall_time_s"):
             times.setdefault(ident[:3], []).append(run["wall_time_s"])
-    known = [float(np.median(times[run[:3]])) * (1 - progress[run][0] / settings.epochs)
+    known = [float(np.median(times[run[:3]])) * (1 - progress[run].epochs / settings.epochs)
              for run in pending if run[:3] in times]
     if known:
         which = (f"the {len(pending)} starting now" if len(known) == len(pending) else
@@ -263,19 +263,27 @@ def plan(settings):
         total = sum(known)
         lines.append(f"{which}: about {f'{total:.0f} s' if total < 120 else f'{total / 60:.0f} min'} of one process "
                      "at their cells' median recorded run time"
-                     + (", less the epochs they have done" if any(progress[run][0] for run in pending) else ""))
+                     + (", less the epochs they have done" if any(progress[run].epochs for run in pending) else ""))
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Progress:
+    """What --dry_run says of a pending run: the epochs its history.csv holds, the process holding its
+    model_dir (None where none does), and a note naming both."""
+    epochs: int
+    holder: str | None
+    note: str
+
+
 def _progress(config):
-    """(epochs a run's history.csv holds, the process holding its model_dir or None,
-    a note for --dry_run: that process, where one does, and its epochs done)."""
+    """A pending run's `_Progress`, read from its model_dir."""
     from keras_skipinit import run_dir
 
     epochs, who = _epochs_recorded(config), run_dir.holder(config.model_dir)
     notes = ([f"running now: {who.split(' (')[0]}"] if who else []) + (
         [f"{epochs} of {config.epochs} epochs done"] if epochs else [])
-    return epochs, who, "; ".join(notes)
+    return _Progress(epochs, who, "; ".join(notes))
 
 
 def _epochs_recorded(config):
