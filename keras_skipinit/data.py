@@ -126,7 +126,7 @@ def _from_files(name, manual_dir):
 
 # The run settings `load_for` reads (the model: a folder's default image size).
 LOAD_SETTINGS = ("dataset", "data_dir", "manual_dir", "train_examples", "validation_examples", "preprocessing",
-                 "image_size", "channels", "skip_bad_images", "model", "init_from")
+                 "image_size", "channels", "skip_bad_images", "stream_images", "model", "init_from")
 
 
 def load_settings(config):
@@ -144,7 +144,8 @@ def load_for(config):
     choice = architecture.keras_preprocessing if get("init_from") == spec.IMAGENET_WEIGHTS else get("preprocessing")
     return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
                 choice, folder=dict(image_size=get("image_size"), channels=get("channels"),
-                                    skip_bad=get("skip_bad_images"), default_size=architecture.default_input_shape[0]))
+                                    skip_bad=get("skip_bad_images"), stream=get("stream_images"),
+                                    default_size=architecture.default_input_shape[0]))
 
 
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,

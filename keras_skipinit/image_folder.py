@@ -31,10 +31,11 @@ The train split's images are in one fixed shuffled order (`ORDER_SEED`),
 so a held-out tail (--validation_examples) or a head (--train_examples)
 holds every class, as a TFDS split's or Keras' seeded shuffle would.
 Bad folders are one line (ValueError) before any training: a missing folder
-or split, a class folder without images, a split whose classes differ from
-train's, a file that is not a readable image (`skip_bad`: skipped and
-counted instead; a streamed folder's files are checked by their headers
-first, and a file whose data is cut is named when a batch reads it).
+or split, a class folder without images, an evaluated split whose classes
+differ from train's (unless held out: the split goes unread), a file that
+is not a readable image (`skip_bad`: skipped and counted instead; a
+streamed folder's files are checked by their headers first, and a file
+whose data is cut is named when a batch reads it).
 Nothing is written into the folder.
 """
 
@@ -116,7 +117,9 @@ def evaluated_split(path):
 def layout(path, held_out=False):
     """{split: {class: [file paths]}} of the train and evaluated splits, the
     evaluated split's name (None: no split folder beside the training images,
-    which `held_out` allows) and {split: its folder}; checked, nothing decoded."""
+    which `held_out` allows; also None with `held_out`: the run evaluates on
+    training images, so a split folder goes unread and unchecked) and
+    {split: its folder}; checked, nothing decoded."""
     root = os.path.expanduser(path)
     if not os.path.isdir(root):
         if os.path.exists(root):
@@ -126,7 +129,7 @@ def layout(path, held_out=False):
     if splits and "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
                          f"{path}/test/<class>/<image>")
-    evaluated = _evaluated(splits)
+    evaluated = None if held_out else _evaluated(splits)
     where = {"train": os.path.join(path, "train") if splits else path}  # no split folders: PATH holds the classes
     if evaluated:
         where[evaluated] = os.path.join(path, evaluated)
@@ -210,6 +213,18 @@ def decode(file, mode, size, crop=None):
     return array[..., None] if array.ndim == 2 else array
 
 
+def decode_all(files, mode, size, crop=None, threads=None):
+    """`decode` of each file, in their order, in threads (PIL releases the
+    GIL while it decodes)."""
+    return _in_threads(lambda file: decode(file, mode, size, crop), files, threads)
+
+
+def _in_threads(function, items, threads=None):
+    """[function(item) for item in items], in `threads` threads (default: the cores, at most 8)."""
+    with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(function, items))
+
+
 class Files:
     """A split's image files decoded when read (`numpy_data.Records`' source):
     `__getitems__(indices)` -> [{"image", "label"}]."""
@@ -231,24 +246,23 @@ class Files:
         return records
 
 
-def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None, held_out=False):
+def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, threads=None, held_out=False,
+         stream=False):
     """The `Folder` at `path` (see the module docstring); its `test` is None
     where the run holds out its own evaluation images (`held_out`; then the
-    folder may lack an evaluated split)."""
+    folder may lack an evaluated split). `stream`: read per batch whatever
+    the folder's size (train.py's --stream_images)."""
     if channels not in (None, 1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels!r}")
     if image_size is not None and image_size < 1:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
-    found, evaluated, where = layout(path, held_out)
-    if held_out:  # its evaluated split (checked by layout) goes unused: not decoded
-        evaluated = None
+    found, evaluated, where = layout(path, held_out)  # held out: evaluated is None, its split not decoded
     read_splits = ("train", evaluated) if evaluated else ("train",)
     files = [(split, label, f) for split in read_splits
              for label, name in enumerate(found[split]) for f in found[split][name]]
     trained = sum(split == "train" for split, _, _ in files)  # the train split first, in class order: mix it
     files = [files[i] for i in np.random.default_rng(ORDER_SEED).permutation(trained)] + files[trained:]
-    with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
-        headers = list(pool.map(_header, (f for _, _, f in files)))
+    headers = _in_threads(_header, [f for _, _, f in files], threads)
     skipped = []
     kept = []
     for (split, label, file), header in zip(files, headers):
@@ -266,15 +280,14 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
     size = image_size or (None if shared else default_size)
     height, width = (size, size) if size else (shared[1], shared[0])
     mode = "L" if channels == 1 else "RGB"
-    if not _fits_in_memory(len(kept) * height * width * channels):
+    if stream or not _fits_in_memory(len(kept) * height * width * channels):
         from keras_skipinit import numpy_data
 
         train, test = (numpy_data.Records(Files([f for s, _, f, _ in kept if s == split],
                                                 [label for s, label, _, _ in kept if s == split], mode, size),
                                           (height, width, channels)) if split else None for split in ("train", evaluated))
         return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
-    with concurrent.futures.ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
-        arrays = list(pool.map(lambda item: decode(item[2], mode, size), kept))
+    arrays = decode_all([f for _, _, f, _ in kept], mode, size, threads=threads)
     splits = {split: ([], []) for split in read_splits}
     for (split, label, file, _), array in zip(kept, arrays):
         if array is None:

@@ -257,21 +257,52 @@ def _workers(labels):
 
 def _batches(count, batch, workers=1):
     """`count` batches, batch(i) the i-th, as a `keras.utils.PyDataset` (what
-    `fit` and `evaluate` take on every backend; a batch depends on i only,
-    so `workers` threads change no result)."""
+    `fit` and `evaluate` take on every backend). Batches are read in order,
+    `workers` of them ahead in threads of our own (`_Ahead`), never by Keras'
+    enqueuer: its stop at an epoch's end keeps the batches it had read ahead
+    and serves them first at the next start, so after fit's peek at batch 0
+    (JAX's symbolic build) an epoch trained batches 1..k twice and the last
+    ones never (issue 91.1); a batch depends on i only, so threads change no
+    result."""
     import keras
 
     class Batches(keras.utils.PyDataset):
         def __init__(self):
-            super().__init__(workers=workers)
+            super().__init__(workers=1)  # 1: no Keras enqueuer
+            self._ahead = _Ahead(batch, count, workers) if workers > 1 else None
 
         def __len__(self):
             return count
 
         def __getitem__(self, i):
-            return batch(i)
+            if not 0 <= i < count:
+                raise IndexError(i)
+            return batch(i) if self._ahead is None else self._ahead.get(i)
 
     return Batches()
+
+
+class _Ahead:
+    """Batch i of `batch(i)`, with the next `depth` batches read meanwhile in
+    as many threads: whatever order batches are asked in (a peek, a restart
+    at 0, a resume at step k), `get(i)` returns batch(i) itself; batches read
+    ahead and not asked for next are dropped."""
+
+    def __init__(self, batch, count, depth):
+        import concurrent.futures
+
+        self.batch, self.count, self.depth = batch, count, depth
+        self.pool = concurrent.futures.ThreadPoolExecutor(depth, thread_name_prefix="batches-ahead")
+        self.pending = {}  # index -> Future
+
+    def get(self, i):
+        future = self.pending.pop(i, None) or self.pool.submit(self.batch, i)
+        for j in [j for j in self.pending if not i < j <= i + self.depth]:
+            self.pending.pop(j).cancel()
+        for j in range(i + 1, min(i + 1 + self.depth, self.count)):
+            if j not in self.pending:
+                self.pending[j] = self.pool.submit(self.batch, j)
+        return future.result()
 
 
 def _part(batch, shard):

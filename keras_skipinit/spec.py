@@ -193,6 +193,10 @@ class Config:
                                    "majority's).", lower=1, upper=3, experiment=True)
     skip_bad_images: bool = setting(False, "A folder --dataset: skip files that are not readable images (counted) "
                                     "instead of refusing the folder.")
+    stream_images: bool = setting(False, "A folder --dataset: read its images from their files per batch, whatever "
+                                  "its size (default: only where decoded they would take more than half the memory "
+                                  "available); the same examples in the same order, so a run may change it when "
+                                  "resumed.", reusable=True)
     data_dir: str | None = setting(None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared "
                                    "there on first use.", reusable=True)
     manual_dir: str | None = setting(

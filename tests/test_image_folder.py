@@ -89,16 +89,19 @@ def test_a_held_out_tail_and_a_first_n_of_a_folder_hold_every_class(tmp_path):
 def test_class_folders_alone_or_train_alone_hold_out_the_same_images_and_are_refused_without(tmp_path, monkeypatch):
     """Without an evaluated split, a folder of class folders (Keras' image_dataset_from_directory layout) or
     a train/ alone is the training images, and --validation_examples holds out the same images as from a
-    whole train/test folder (in memory and streamed; there the test split is not decoded); without it the
-    run is refused before anything is written, saying how to go on."""
+    whole train/test folder (in memory and streamed; there the test split is not decoded, nor checked: one
+    of other classes is no error then); without it the run is refused before anything is written, saying
+    how to go on."""
     whole = write_folder(tmp_path / "whole", per_class=(10, 2))
     shutil.copytree(whole / "train", tmp_path / "classes")
     shutil.copytree(whole / "train", tmp_path / "train_alone" / "train")
+    shutil.copytree(whole, tmp_path / "other_test")  # a test split the run does not use, of other classes
+    shutil.rmtree(tmp_path / "other_test" / "test" / "zero")
     want = data_lib.load(str(whole), validation_examples=6)
     assert image_folder.read(str(whole), held_out=True).test is None  # its test split goes unused: not decoded
     for fits in (True, False):
         monkeypatch.setattr(image_folder, "_fits_in_memory", lambda need: fits)
-        for name in ("classes", "train_alone"):
+        for name in ("classes", "train_alone", "other_test"):
             got = data_lib.load(str(tmp_path / name), validation_examples=6)
             assert got.label_names == ("one", "seven", "zero") and got.eval_split == "validation"
             assert got.in_memory == fits
@@ -309,6 +312,47 @@ def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_pa
     results = training.train(training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=3, batch_size=8,
                                              model_dir=str(tmp_path / "run"), verbose=0))
     assert results["status"] == "completed" and results["num_test"] == 12
+
+
+def test_every_epoch_trains_every_image_once_in_order_streamed_or_not_resumed_or_not(tmp_path, monkeypatch):
+    """Issue 91.1: on JAX a streamed folder's epoch trained batches 1..k twice and its last ones never (Keras'
+    enqueuer kept what it had read ahead of fit's peek at batch 0 and served it first at the next start). The
+    same run in memory, streamed (--stream_images), and streamed, killed after a mid-epoch checkpoint and
+    resumed, ends with the same weights: each epoch trained the same batches in the same order."""
+    import keras
+
+    from keras_skipinit.checkpoint import Checkpoint
+
+    root = write_folder(tmp_path / "f", per_class=(16, 2))  # 48 training images: 6 batches of 8 an epoch
+    base = dict(dataset=str(root), depth=10, epochs=2, batch_size=8, learning_rate=0.05, checkpoint_steps=2,
+                verbose=0)
+
+    def weights(name, **kwargs):
+        assert training.train(training.Config(model_dir=str(tmp_path / name), **base, **kwargs))["status"] == "completed"
+        model = keras.models.load_model(os.path.join(tmp_path / name, run_dir.MODEL))
+        return [keras.ops.convert_to_numpy(w) for w in model.weights]
+
+    class Killed(Exception):
+        pass
+
+    save = Checkpoint.save
+
+    def kill_after_a_mid_epoch_checkpoint(self, model, epoch, step, **state):
+        save(self, model, epoch, step, **state)
+        if (epoch, step) == (0, 2):
+            raise Killed
+
+    in_memory = weights("in_memory")
+    assert not data_lib.load(str(root), folder=dict(stream=True)).in_memory
+    monkeypatch.setattr(Checkpoint, "save", kill_after_a_mid_epoch_checkpoint)
+    with pytest.raises(Killed):
+        weights("resumed", stream_images=True)
+    monkeypatch.undo()
+    for name in ("streamed", "resumed"):
+        got = weights(name, stream_images=True)
+        assert len(got) == len(in_memory)
+        for a, b in zip(got, in_memory):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_a_run_resumed_on_a_folder_that_changed_is_refused(tmp_path):
