@@ -37,8 +37,9 @@ def model_args(recorded):
 def ghost_batch_norm_config(config):
     """A saved `GhostBatchNormalization` config in today's names (.keras
     files saved when its argument was `virtual_batch_size`)."""
-    config = dict(config)
-    if "virtual_batch_size" in config:
-        config["ghost_batch_size"] = config.pop("virtual_batch_size")
-    return config
+    if "virtual_batch_size" in config and "ghost_batch_size" in config:  # both: which one counts is unknowable
+        raise ValueError(f"a saved GhostBatchNormalization {config.get('name', '')!r} names both 'virtual_batch_size' "
+                         f"({config['virtual_batch_size']!r}) and 'ghost_batch_size' ({config['ghost_batch_size']!r}), "
+                         "one setting under two names: the file was edited or written by another program")
+    return keywords(config)
 

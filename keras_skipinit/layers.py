@@ -128,6 +128,11 @@ class GhostBatchNormalization(keras.layers.BatchNormalization):
     """
 
     def __init__(self, ghost_batch_size=None, axis=-1, **kwargs):
+        if "virtual_batch_size" in kwargs:  # tf_keras' name: a DeprecationWarning (`compat.RENAMED_KEYWORDS`)
+            given = {"virtual_batch_size": kwargs.pop("virtual_batch_size")}
+            if ghost_batch_size is not None:
+                given["ghost_batch_size"] = ghost_batch_size
+            ghost_batch_size = compat.keywords(given, "GhostBatchNormalization")["ghost_batch_size"]
         if ghost_batch_size is not None and (
             isinstance(ghost_batch_size, bool)
             or not isinstance(ghost_batch_size, numbers.Integral)

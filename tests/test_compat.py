@@ -31,6 +31,29 @@ def test_old_keywords_warn_and_both_names_at_once_are_refused():
         apps.ResNet50V2(dropout_rate=0.1, dropout=0.2, weights=None)
 
 
+def test_every_renamed_public_keyword_still_works_with_a_warning():
+    """Each keyword renamed since the first release (`compat.RENAMED_KEYWORDS`) works under its old name with
+    a DeprecationWarning, in the model constructors and, for virtual_batch_size (tf_keras' name, what people
+    moving from Keras 2 type), in the layer itself (issue 88.8: it raised "Unrecognized keyword arguments")."""
+    from keras_skipinit import compat
+
+    values = {"ghost_batch_size": 2, "dropout": 0.25}
+    assert set(compat.RENAMED_KEYWORDS.values()) == set(values)
+    for old, new in compat.RENAMED_KEYWORDS.items():
+        with pytest.warns(DeprecationWarning, match=f"'{old}' is now '{new}'"):
+            model = apps.WideResNet(10, 1, input_shape=(8, 8, 1), classes=3, normalization="ghost_batchnorm",
+                                    seed=0, **{old: values[new]})
+        if new == "ghost_batch_size":
+            assert {l.ghost_batch_size for l in model.layers if isinstance(l, GhostBatchNormalization)} == {2}
+        else:
+            assert model.get_layer("top_dropout").rate == 0.25
+    with pytest.warns(DeprecationWarning, match="GhostBatchNormalization: 'virtual_batch_size' is now 'ghost_batch_size'"):
+        layer = GhostBatchNormalization(virtual_batch_size=4)
+    assert layer.ghost_batch_size == 4 and layer.get_config()["ghost_batch_size"] == 4
+    with pytest.raises(TypeError, match="one setting under two names"):
+        GhostBatchNormalization(4, virtual_batch_size=4)
+
+
 def test_a_keras_file_saved_with_virtual_batch_size_loads(tmp_path):
     """The saved config of GhostBatchNormalization named its argument
     virtual_batch_size before the rename: such a file loads, same outputs."""
@@ -49,6 +72,17 @@ def test_a_keras_file_saved_with_virtual_batch_size_loads(tmp_path):
                 json.loads(data)
             dst.writestr(item, data)
     loaded = keras.saving.load_model(old)
+    # A file naming both (edited, or written by another program) is refused, as such a model_spec.json is
+    # (issue 91.9: one of the two was taken silently).
+    both = tmp_path / "both.keras"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(both, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "config.json":
+                data = data.replace(b'"ghost_batch_size": 2', b'"ghost_batch_size": 2, "virtual_batch_size": 4')
+            dst.writestr(item, data)
+    with pytest.raises(Exception, match="names both 'virtual_batch_size' \\(4\\) and 'ghost_batch_size' \\(2\\)"):
+        keras.saving.load_model(both)
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype("float32")
     np.testing.assert_allclose(loaded(x, training=True), model(x, training=True), atol=1e-6)
     assert {l.ghost_batch_size for l in loaded.layers if isinstance(l, GhostBatchNormalization)} == {2}
