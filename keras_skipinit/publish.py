@@ -152,6 +152,9 @@ def check_labels(path, new, overwrite, suffixes):
     if new is None and siblings:
         raise ValueError(f"{target} names the classes of {siblings[0]}, and this model has no class names: "
                          "pass --labels, or export to another name")
+    if siblings:  # --overwrite replaces this file, never a sibling's names: that would relabel it (issue 91.4)
+        raise ValueError(f"{target} names the classes of {siblings[0]}, other classes than this model's: export to "
+                         f"another name, or remove {siblings[0]} first (--overwrite replaces {path} only)")
     if not overwrite:
         raise ValueError(f"{target} exists and names other classes; pass --overwrite to replace it, or export to "
                          "another name")

@@ -38,8 +38,11 @@ def test_the_files_of_one_model_share_their_class_names_and_a_replacement_takes_
     _publish(tmp_path, "m.tflite", "a", list("0123456789"))
     _publish(tmp_path, "m.onnx", "b", list("0123456789"))
     assert _published(tmp_path, "m.onnx") == ("b", "b", list("0123456789"))
-    with pytest.raises(ValueError, match="m.labels.txt exists and names other classes; pass --overwrite"):
-        _publish(tmp_path, "m.onnx", "c", list("abc"))
+    for overwrite in (False, True):  # --overwrite replaces m.onnx, never m.tflite's names (issue 91.4)
+        with pytest.raises(ValueError, match="m.labels.txt names the classes of .*m.tflite, other classes than this "
+                           "model's: export to another name, or remove .*m.tflite first"):
+            _publish(tmp_path, "m.onnx", "c", list("abc"), overwrite=overwrite)
+    assert _published(tmp_path, "m.tflite")[2] == list("0123456789")
     with pytest.raises(ValueError, match="m.labels.txt names the classes of .*m.onnx"):
         _publish(tmp_path, "m.tflite", "d", None, overwrite=True)
     for name in ("m.onnx", "m.onnx.check.json"):
