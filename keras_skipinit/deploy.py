@@ -295,6 +295,7 @@ def check(path, model, images, labels, preprocessing, quantize=None, want=None):
     got = run_file(path, images)
     report = {
         "file": os.path.basename(path), "bytes": os.path.getsize(path), "quantize": quantize or "none",
+        "preprocessing": preprocessing,  # what the app does before the file (predict reads it: the crop)
         "images": int(len(images)), "max_abs_diff": float(np.abs(got - want).max()),
         "top1_agreement": float(np.mean(got.argmax(1) == want.argmax(1))),
         "tolerance": None if quantize else FLOAT_TOLERANCE,

@@ -183,7 +183,25 @@ def _exported_file(path):
     loaded = runtimes.open_file(path)
     labels = _names_beside(publish.labels_path(path), loaded.classes)  # as the export wrote them
     height = loaded.shape[0]
-    return Source(path, loaded.shape, height, labels, loaded.classes, lambda images, files: loaded.run(images))
+    resize = preprocessing_lib.IMAGENET_RESIZE if _resizes_and_crops(path, height) else height
+    return Source(path, loaded.shape, resize, labels, loaded.classes, lambda images, files: loaded.run(images))
+
+
+def _resizes_and_crops(path, size):
+    """Whether the file's images are ImageNet-style (the app resizes the
+    shorter side to 256 and keeps the centre `size` square, as the run and
+    its SavedModel do; issue 91.2: predict resized straight to `size`, another
+    crop): as its export's check record says, else by size (above 64 px only
+    ImageNet-style preprocessing is trained)."""
+    try:
+        with open(path + ".check.json") as f:
+            recorded = json.load(f).get("preprocessing")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    try:
+        return preprocessing_lib.get(recorded).input_size is not None
+    except ValueError:  # an export from before the record named it, or none
+        return size > preprocessing_lib.CIFAR_MAX_SIZE
 
 
 def _names_beside(labels_file, classes):
