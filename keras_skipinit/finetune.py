@@ -46,6 +46,11 @@ def check(config):
     from keras_skipinit import run_dir
 
     path = config.init_from
+    own, source = os.path.realpath(config.model_dir), os.path.realpath(path)
+    if os.path.commonpath([own, source]) == own:  # --restart deleted it before failing to read it (issue 91.11)
+        raise ValueError(f"--init_from={path} is this run's own --model_dir{' (or in it)' if own != source else ''}: "
+                         "a run starts from another run's weights" + (", and --restart would delete them first"
+                                                                      if config.restart else ""))
     if os.path.isdir(path):
         if not os.path.exists(os.path.join(path, run_dir.SPEC)):
             raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
@@ -107,6 +112,7 @@ def _source(path, rebuild, keras_application=None):
         return model, f"{path} ({description})"
     if path.endswith(WEIGHTS):
         model = rebuild(_classes_in_weights(path))
+        _check_weights_layout(path, model)
         try:
             model.load_weights(path)
         except ValueError as e:  # another architecture's layers
@@ -114,6 +120,47 @@ def _source(path, rebuild, keras_application=None):
                              f"it needs {NEEDS}") from None
         return model, path
     return run_dir.load_keras(path), path
+
+
+def _weights_layout(path):
+    """{kind of layer: sorted shapes of its variables} in a weights file. Keras
+    keys a layer there by its class (skip_init_scale_3), not its name, and
+    `load_weights` fills layers by position whatever their kinds: SkipInit's
+    alphas were dropped going into a model without them, Fixup's multipliers
+    read as alphas (issue 91.3)."""
+    import re
+
+    import h5py
+
+    layout = {}
+
+    def note(name, item):
+        if isinstance(item, h5py.Dataset) and name.startswith("layers/"):
+            kind = re.sub(r"_\d+$", "", name.split("/")[1])
+            layout.setdefault(kind, []).append(tuple(item.shape))
+
+    with h5py.File(path, "r") as f:
+        f.visititems(note)
+    return {kind: sorted(shapes) for kind, shapes in layout.items()}
+
+
+def _check_weights_layout(path, model):
+    """One line where a weights file holds layers of other kinds or shapes
+    than `model` (this run's architecture with the file's classes): another
+    method or model, whose weights would load into the wrong places."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        mine = os.path.join(folder, "this" + WEIGHTS)
+        model.save_weights(mine)
+        here = _weights_layout(mine)
+    there = _weights_layout(path)
+    differ = [kind for kind in sorted(set(here) | set(there)) if here.get(kind) != there.get(kind)]
+    if differ:
+        counts = "; ".join(f"{kind}: {len(there.get(kind, []))} weights there, {len(here.get(kind, []))} here"
+                           for kind in differ)
+        raise ValueError(f"--init_from={path} holds the weights of another model or method ({counts}): "
+                         f"it needs {NEEDS}")
 
 
 def class_order(theirs, mine, their_count, my_count):

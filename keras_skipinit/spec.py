@@ -292,6 +292,8 @@ def value_error(name, value):
         return f"{name} must be True or False, got {value!r}"
     if k == "string" and not isinstance(value, str):
         return f"{name} must be a string, got {value!r}"
+    if k == "string" and not value.strip():  # every string setting names a path or a dataset
+        return f"{name} is empty (an unset shell variable?): give one, or leave the flag out"
     low, high = meta["lower"], meta["upper"]
     if k == "int" and (not is_int(value) or (low is not None and value < low) or (high is not None and value > high)):
         return f"{name} must be an integer from {low} to {'any size' if high is None else high}, got {value!r}"
@@ -329,8 +331,8 @@ def add_arguments(parser, defaults, notes=None):
             extra["action"] = argparse.BooleanOptionalAction
         elif k == "enum":
             extra["choices"] = meta["choices"]
-        elif k in ("int", "float"):
-            extra["type"] = _parse(name, int if k == "int" else float)
+        elif k in ("int", "float", "string"):
+            extra["type"] = _parse(name, {"int": int, "float": float, "string": str}[k])
         help = f"{meta['help']} {notes[name]}" if name in notes else meta["help"]
         parser.add_argument(f"--{name}", default=default, help=help.replace("%", "%%"), **extra)
 
@@ -343,7 +345,7 @@ def _parse(name, convert):
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if convert is int else 'a number'}, "
-                                             f"got {text!r}") from None
+                                             f"got {text!r}") from None  # (str: never)
         error = value_error(name, value)
         if error:
             raise argparse.ArgumentTypeError(error)

@@ -3,6 +3,7 @@ short run on the embedded digits (10 classes, 28x28) started again on a
 3-class folder of real digits written at test time (32x32 after resizing)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -95,6 +96,8 @@ def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_
     (dict(normalization="fixup", alpha_init=None), "--normalization=skipinit there, fixup here"),
     (dict(init_from="nowhere.keras"), "no such train.py model_dir, .keras or .weights.h5 file"),
     (dict(init_from=None, freeze_backbone=True), "freeze_backbone trains the classifier"),
+    # An unset $SRC: it trained from scratch, recording '' (issue 91.5).
+    (dict(init_from=""), "init_from is empty \\(an unset shell variable\\?\\)"),
     # The run's model.keras records its settings: the same layers under another method (/sqrt(2) scales the
     # branches of a network with the same convolutions as no scaling) is refused too.
     (dict(init_from="model.keras", normalization="none", alpha_init=None), "--normalization=skipinit there, none"),
@@ -108,6 +111,22 @@ def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, chan
     with pytest.raises(ValueError, match=match):
         training.validate(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_started_from_its_own_model_dir_is_refused_before_restart_deletes_it(source_and_folder, tmp_path):
+    """--init_from=X --model_dir=X --restart deleted X, then failed reading it (issue 91.11)."""
+    import shutil
+
+    source, _ = source_and_folder
+    own = tmp_path / "own"
+    shutil.copytree(source, own)
+    before = sorted(os.listdir(own))
+    for init_from in (own, own / run_dir.MODEL):
+        config = training.Config(depth=10, alpha_init="one", init_from=str(init_from), model_dir=str(own),
+                                 restart=True, verbose=0)
+        with pytest.raises(ValueError, match="is this run's own --model_dir.* --restart would delete them first"):
+            training.train(config)
+        assert sorted(os.listdir(own)) == before
 
 
 def test_a_keras_file_with_layers_this_model_lacks_is_refused(source_and_folder, tmp_path):
@@ -139,6 +158,13 @@ def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path
     assert f"Note: --init_from={path} records no settings or preprocessing" in capsys.readouterr().out
     for name in ("stem_conv", "group3_block1_2_conv"):
         np.testing.assert_allclose(mine[name][0], theirs[name][0], atol=1e-6)
+    # Of another method: SkipInit's weights into /sqrt(2) (its alphas would be dropped) or Fixup (its
+    # multipliers and biases filled from them): refused, as from a model_dir (issue 91.3).
+    for method, differs in (("sqrt2", "skip_init_scale: 3 weights there, 0 here"),
+                            ("fixup", "fixup_bias: 0 weights there, 20 here")):
+        with pytest.raises(ValueError, match=f"holds the weights of another model or method \\({differs}\\)"):
+            tune(tmp_path, path, folder, f"into_{method}", normalization=method, alpha_init=None)
+        assert not (tmp_path / f"into_{method}" / run_dir.SPEC).exists()
     (tmp_path / "not.weights.h5").write_bytes(b"no hdf5")
     with pytest.raises(ValueError, match="not a weights file of a keras_skipinit classifier"):
         tune(tmp_path, tmp_path / "not.weights.h5", folder, "bad")
@@ -147,6 +173,9 @@ def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path
                                "--methods=skipinit", "--out=" + str(tmp_path / "sweep")])
     config = runner.config(settings, ("skipinit", 16, 64, 0.1, 0, "select"))
     assert config.init_from == str(path) and config.freeze_backbone
+    with pytest.raises(SystemExit):  # an unset $SRC: refused by the sweep's parser too (issue 91.5)
+        cli.parse_args(["--preset=skipinit_table1", "--init_from=", "--out=" + str(tmp_path / "sweep")])
+    assert "init_from is empty" in capsys.readouterr().err
 
 
 @pytest.mark.heavy
