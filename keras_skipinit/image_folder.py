@@ -97,7 +97,25 @@ def files_under(folder, suffixes=None):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
         found += [os.path.join(parent, n) for n in sorted(names) if not n.startswith(".")
                   and (suffixes is None or n.lower().endswith(suffixes))]
+    for file in found:
+        _check_regular(file)
     return found
+
+
+def _check_regular(file):
+    """One line for a name that is no regular file: a FIFO, socket or device
+    (opening a FIFO waits for a writer: train.py hung, deaf to SIGTERM;
+    issue 91.18) or a link to nothing."""
+    import stat
+
+    try:
+        mode = os.stat(file).st_mode
+    except OSError:
+        raise ValueError(f"{file}: a link to nothing ({os.readlink(file) if os.path.islink(file) else 'gone'}): "
+                         "remove it or point it at an image") from None
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ValueError(f"{file}: {kind}, not an image file: move it out of the folder")
 
 
 def _split_folders(root):
@@ -146,6 +164,13 @@ def layout(path, held_out=False):
         if not classes:
             raise ValueError(f"{folder} holds no class folders: images go in "
                              f"{os.path.join(folder, '<class>', '<image>')}")
+        if split == "train" and len(classes) < 2:  # it "trained to 100%" (issue 89.2)
+            raise ValueError(f"{folder} holds one class folder ({classes[0]}): a classifier needs two classes or more, "
+                             f"each in its own folder, {os.path.join(folder, '<class>', '<image>')}")
+        broken = [name for name in classes if "\n" in name or "\r" in name]
+        if broken:  # a labels file holds one name a line (issue 91.20)
+            raise ValueError(f"{os.path.join(folder, broken[0])!r}: a class name with a line break, which no labels "
+                             "file (one name a line) can hold: rename the folder")
         found[split] = {}
         for name in classes:
             files = files_under(os.path.expanduser(os.path.join(folder, name)))
@@ -273,6 +298,7 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
             skipped.append(file)
         else:
             kept.append((split, label, file, header))
+    _check_no_class_emptied(found, where, [(split, label) for split, label, _, _ in kept])
     gray = sum(mode in _GRAY_MODES for *_, (mode, _) in kept)
     channels = channels or (1 if gray > len(kept) - gray else 3)
     sizes = {size for *_, (_, size) in kept}
@@ -296,12 +322,22 @@ def read(path, image_size=None, channels=None, skip_bad=False, default_size=32, 
             continue
         splits[split][0].append(array)
         splits[split][1].append(label)
-    for split, (images, _) in splits.items():
-        if not images:
-            raise ValueError(f"{where[split]}: every image was skipped as unreadable")
+    _check_no_class_emptied(found, where, [(split, label) for split in splits for label in splits[split][1]])
     train, test = ((np.stack(splits[split][0]), np.asarray(splits[split][1], np.int64)) if split else None
                    for split in ("train", evaluated))
     return Folder(train, test, evaluated, tuple(found["train"]), tuple(skipped))
+
+
+def _check_no_class_emptied(found, where, kept):
+    """One line where --skip_bad_images left a class of a split read without
+    images (`kept`: (split, label) of each image kept): it trained with a
+    class that had none (issue 91.7), as an empty class folder is refused."""
+    have = set(kept)
+    for split in where:
+        for label, name in enumerate(found.get(split, ())):
+            if (split, label) not in have:
+                raise ValueError(f"{os.path.join(where[split], name)}: every image was skipped as unreadable "
+                                 "(--skip_bad_images): a class without images; fix its files or remove the folder")
 
 
 def _fits_in_memory(need):

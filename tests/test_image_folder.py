@@ -124,12 +124,13 @@ def test_class_folders_alone_or_train_alone_hold_out_the_same_images_and_are_ref
 def test_images_are_resized_and_centre_cropped_and_converted_as_documented(tmp_path):
     root = tmp_path / "f"
     for split in ("train", "test"):
-        (root / split / "a").mkdir(parents=True)
+        for name in ("a", "b"):  # a classifier needs two classes
+            (root / split / name).mkdir(parents=True)
         # 20 wide, 40 high, left half (100, 150, 200), right half black: shorter side 20 -> 8, then 8x16 -> centre 8x8
         image = np.zeros((40, 20, 3), np.uint8)
         image[:, :10] = (100, 150, 200)
         Image.fromarray(image).save(root / split / "a" / "x.png")
-        Image.fromarray(image).save(root / split / "a" / "y.png")
+        Image.fromarray(image).save(root / split / "b" / "y.png")
     gray = image_folder.read(str(root), image_size=8, channels=1).train[0]
     rgb = image_folder.read(str(root), image_size=8, channels=3).train[0]
     assert gray.shape == (2, 8, 8, 1) and rgb.shape == (2, 8, 8, 3)
@@ -191,6 +192,12 @@ def _truncated_png(path):
     ("not_an_image", "notes.txt: not an image file"),
     ("truncated", "broken.png: truncated or corrupt"),
     ("float_pixels", "depth.tiff: 32-bit float pixels (mode F) have no fixed range"),
+    # Issue 89.2: one class "trained to 100%"; 91.18: a FIFO hung train.py; 91.20: a line break made a
+    # labels file of more lines than classes.
+    ("one_class", "holds one class folder (images): a classifier needs two classes or more"),
+    ("fifo", "pipe.png: a FIFO, not an image file"),
+    ("dangling_link", "gone.png: a link to nothing"),
+    ("line_break", "a class name with a line break"),
 ])
 def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, breakage, match):
     root = write_folder(tmp_path / "f", per_class=(8, 2))
@@ -211,6 +218,18 @@ def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, br
         (root / "test" / "zero").rmdir()
     elif breakage == "not_an_image":
         (root / "train" / "one" / "notes.txt").write_text("a list of digits")
+    elif breakage == "one_class":  # my_images/{train,test}/images/*.png
+        for split in ("train", "test"):
+            for name in ("seven", "zero"):
+                shutil.rmtree(root / split / name)
+            os.rename(root / split / "one", root / split / "images")
+    elif breakage == "fifo":
+        os.mkfifo(root / "train" / "one" / "pipe.png")
+    elif breakage == "dangling_link":
+        os.symlink(tmp_path / "nothing.png", root / "train" / "one" / "gone.png")
+    elif breakage == "line_break":
+        for split in ("train", "test"):
+            os.rename(root / split / "one", root / split / "o\nne")
     elif breakage == "float_pixels":
         Image.fromarray(np.ones((28, 28), np.float32)).save(root / "train" / "one" / "depth.tiff")
     else:
@@ -223,6 +242,20 @@ def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, br
     if breakage in ("not_an_image", "truncated", "float_pixels"):  # skipped on request, and counted
         folder = image_folder.read(str(root), skip_bad=True)
         assert len(folder.skipped) == 1 and len(folder.train[0]) == 24
+
+
+def test_skipping_bad_images_that_empties_a_class_is_refused(tmp_path, monkeypatch):
+    """--skip_bad_images on a class folder of text files named .jpg trained with a label of no images
+    (issue 91.7): refused as an empty class folder is, in memory and streamed."""
+    root = write_folder(tmp_path / "f", per_class=(4, 2))
+    for split in ("train", "test"):
+        (root / split / "bad").mkdir()
+        for i in range(3):
+            (root / split / "bad" / f"{i}.jpg").write_text("not a picture")
+    for fits in (True, False):
+        monkeypatch.setattr(image_folder, "_fits_in_memory", lambda need: fits)
+        with pytest.raises(ValueError, match=re.escape(f"{root / 'train' / 'bad'}: every image was skipped")):
+            data_lib.load(str(root), folder=dict(skip_bad=True))
 
 
 def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path):
