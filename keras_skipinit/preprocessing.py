@@ -109,7 +109,9 @@ def _imagenet_train(image, key, flip, normalize):
         max_attempts=10,
         use_image_if_no_bounding_boxes=True,
     )
-    image = tf.slice(image, begin, size)
+    channels = image.shape[-1]
+    image = tf.slice(image, begin, size)  # of a dynamic size: the channel count is lost, and `normalize`
+    image.set_shape([None, None, channels])  # then broadcast a gray image to 3 channels (issue 91.13)
     image = tf.image.resize(image, [IMAGENET_SIZE, IMAGENET_SIZE])
     if flip:
         image = tf.image.stateless_random_flip_left_right(image, seed=flip_key)

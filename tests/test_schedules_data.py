@@ -121,6 +121,12 @@ def test_imagenet_preprocessing_shapes_and_center_crop():
     top, left = (256 - 224) // 2, (341 - 224) // 2
     want = (resized[top : top + 224, left : left + 224] - preprocessing.IMAGENET_MEAN) / preprocessing.IMAGENET_STD
     np.testing.assert_allclose(evaluated, want, atol=1e-4)
+    # In tf.data (a graph: the crop's size is dynamic) a gray image stays gray: it came out with 3 channels,
+    # which the model refused after the build (issue 91.13).
+    for name in ("imagenet", "imagenet_tf", "imagenet_caffe"):
+        gray = tf.data.Dataset.from_tensors(image[..., :1]).enumerate().map(  # a tensor's seed, as the pipeline's
+            lambda i, x: preprocessing.get(name).train(x, pipelines._element_seed(0, 0, i), True))
+        assert gray.element_spec.shape == (224, 224, 1) and next(iter(gray)).shape == (224, 224, 1), name
     # The NumPy form (JAX without TensorFlow) makes the same pixels, any size in.
     for shape in ((300, 400, 3), (257, 90, 3), (80, 72, 1)):
         other = np.random.default_rng(1).integers(0, 255, shape).astype(np.uint8)
