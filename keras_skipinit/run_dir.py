@@ -15,6 +15,7 @@
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -248,6 +249,22 @@ def check_same_data(model_dir, dataset):
         raise ValueError(f"--dataset={dataset.name} is not the data the run in {model_dir} started on "
                          f"({'; '.join(changes)}): resuming would train on other images. Use a new --model_dir, or "
                          "--restart to discard that run")
+
+
+def continued_preprocessing(model_dir, dataset):
+    """`dataset` with the preprocessing its run recorded where the run
+    continues (a checkpoint exists): a folder's mean_std statistics are
+    computed from its training images at each start, and an image replaced
+    since gave a continuation other statistics than its first epochs
+    (issue 91.8). Returns (dataset, a note where they differ, else None)."""
+    if not os.path.exists(os.path.join(model_dir, SPEC)) or not Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all():
+        return dataset, None
+    recorded = read_spec(model_dir).get("preprocessing")
+    if recorded is None or recorded == dataset.preprocessing:
+        return dataset, None
+    note = (f"Note: the run in {model_dir} continues with the preprocessing it started with, {recorded}; its "
+            f"images give {dataset.preprocessing} now")
+    return dataclasses.replace(dataset, preprocessing=recorded), note
 
 
 def results_record(config, dataset, metrics, diverged, **figures):

@@ -163,6 +163,7 @@ def _set_up_data(run):
     run.dataset = dataset = data_lib.load_for(config)
     if run.chief:
         run_dir.check_same_data(config.model_dir, dataset)
+    run.dataset = dataset = _continued(run, dataset)
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)
     run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
@@ -176,6 +177,14 @@ def _set_up_data(run):
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
     run.micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
+
+
+def _continued(run, dataset):
+    """The dataset with the preprocessing a continued run recorded (`run_dir.continued_preprocessing`)."""
+    dataset, note = run_dir.continued_preprocessing(run.config.model_dir, dataset)
+    if note and run.chief:
+        print(note, flush=True)
+    return dataset
 
 
 def _build(run):

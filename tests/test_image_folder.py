@@ -302,6 +302,26 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
 
 
+def test_a_continued_run_keeps_the_mean_std_statistics_it_started_with(tmp_path, capsys):
+    """An image replaced between epochs gave a continuation other statistics than its first epoch's, and
+    only the new ones were recorded (issue 91.8): the continuation uses the recorded ones, and says so."""
+    from keras_skipinit import run_dir
+
+    root = write_folder(tmp_path / "f", per_class=(8, 2))
+    config = training.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, batch_size=8,
+                             model_dir=str(tmp_path / "run"), verbose=0)
+    training.train(config)
+    first = run_dir.read_spec(str(tmp_path / "run"))["preprocessing"]
+    replaced = next(p for p in sorted((root / "train" / "one").iterdir()) if p.suffix == ".png")
+    Image.fromarray(np.full((28, 28), 255, np.uint8)).save(replaced)  # same count, brighter statistics
+    assert data_lib.load(str(root), preprocessing_choice="mean_std").preprocessing != first
+    capsys.readouterr()
+    results = training.train(dataclasses.replace(config, epochs=2))
+    assert results["status"] == "completed" and results["epochs_completed"] == 2
+    assert run_dir.read_spec(str(tmp_path / "run"))["preprocessing"] == first
+    assert f"continues with the preprocessing it started with, {first}" in capsys.readouterr().out
+
+
 def test_mean_std_on_a_folder_of_large_images_is_refused_before_its_statistics_are_read(tmp_path, monkeypatch):
     """The size rule (mean_std up to 64 px) refuses first: a streamed folder's
     statistics would read every image."""
