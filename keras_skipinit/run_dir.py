@@ -251,6 +251,21 @@ def check_same_data(model_dir, dataset):
                          "--restart to discard that run")
 
 
+def check_classifier(model, source):
+    """One line where `model` does not answer class scores ([batch, classes]
+    from a Dense classifier, its softmax after it or inside): a backbone
+    (include_top=False, with or without pooling, pyramid_outputs=True) gives
+    features, and a softmax over pooled features answered "class 40"
+    (issue 91.10)."""
+    outputs = model.outputs if isinstance(model.outputs, (list, tuple)) else [model.outputs]
+    shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
+    last = [layer for layer in model.layers if not isinstance(layer, (keras.layers.Activation, keras.layers.Softmax))]
+    if len(outputs) != 1 or len(outputs[0].shape) != 2 or not last or not isinstance(last[-1], keras.layers.Dense):
+        made = f" by its {type(last[-1]).__name__} layer {last[-1].name!r}" if last and len(outputs) == 1 else ""
+        raise ValueError(f"{source} outputs {shapes}{made}: features, not class scores; it needs a classifier head "
+                         "(a model built with include_top=False or pyramid_outputs=True has none)")
+
+
 def continued_preprocessing(model_dir, dataset):
     """`dataset` with the preprocessing its run recorded where the run
     continues (a checkpoint exists): a folder's mean_std statistics are

@@ -244,11 +244,7 @@ def check_exportable(model, preprocessing, source):
     """One line, before any export work, for a model an export cannot serve:
     no classifier head (include_top=False, pyramid_outputs=True), or ImageNet
     preprocessing (resize 256, crop 224) on a model of another input size."""
-    outputs = model.outputs if isinstance(model.outputs, (list, tuple)) else [model.outputs]
-    if len(outputs) != 1 or len(outputs[0].shape) != 2:
-        shapes = ", ".join(str(tuple(o.shape)) for o in outputs)
-        raise ValueError(f"{source} outputs {shapes}: an export needs a classifier head ([batch, classes]); "
-                         "this model was built with include_top=False or pyramid_outputs=True")
+    run_dir.check_classifier(model, source)
     size = preprocessing_lib.get(preprocessing).input_size
     if size is not None and tuple(model.input_shape[1:3]) != (size, size):
         raise ValueError(f"preprocessing={preprocessing} crops images to {size}x{size}; "

@@ -207,6 +207,8 @@ def test_cli_errors_are_one_line(tmp_path):
     serving_dir = tmp_path / "serving"
     headless, small = tmp_path / "headless.keras", tmp_path / "small.keras"
     apps.WideResNet(10, 1, input_shape=(28, 28, 1), include_top=False, seed=0).save(headless)
+    pooled = tmp_path / "pooled.keras"  # [batch, features]: two axes, yet no class scores (issue 91.10)
+    apps.WideResNet(10, 1, input_shape=(28, 28, 1), include_top=False, pooling="avg", seed=0).save(pooled)
     apps.WideResNet(10, 1, input_shape=(28, 28, 1), seed=0).save(small)
     cases = [(["--source=/nonexistent.keras", f"--base_path={tmp_path}"], "no such model"),
              ([f"--source={corrupt}", f"--base_path={tmp_path}"], "not a .keras file"),
@@ -215,7 +217,9 @@ def test_cli_errors_are_one_line(tmp_path):
              # issue 46.3: a model without a classifier head, ImageNet preprocessing on a 28x28 model, a flag
              # of the other kind of export (each was a traceback after the work, or silently ignored)
              ([f"--source={headless}", f"--base_path={serving_dir}", "--preprocessing=standardize"],
-              "an export needs a classifier head"),
+              "features, not class scores; it needs a classifier head"),
+             ([f"--source={pooled}", f"--base_path={serving_dir}", "--preprocessing=standardize"],
+              "by its GlobalAveragePooling2D layer"),
              ([f"--source={small}", f"--base_path={serving_dir}", "--preprocessing=imagenet"],
               "crops images to 224x224"),
              ([f"--source={small}", f"--base_path={serving_dir}", "--dataset=mnist_embedded"],

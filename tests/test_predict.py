@@ -80,6 +80,21 @@ def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_an
     assert "--preprocessing is for a train.py model_dir or a .keras file" in capsys.readouterr().err
 
 
+def test_a_model_without_a_classifier_is_refused(run_and_images, capsys, tmp_path):
+    """A backbone's pooled features under a softmax answered "class 40" (issue 91.10): refused, one line."""
+    from keras_skipinit.applications import WideResNet
+
+    _, images = run_and_images
+    for pooling in ("avg", None):
+        path = tmp_path / f"backbone_{pooling}.keras"
+        WideResNet(10, 1, input_shape=(28, 28, 1), include_top=False, pooling=pooling, seed=0).save(path)
+        with pytest.raises(SystemExit) as exit_info:
+            predict.main([f"--source={path}", "--preprocessing=standardize", str(images)])
+        assert exit_info.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert "features, not class scores; it needs a classifier head" in line, line
+
+
 def test_unreadable_images_are_named_and_the_others_answered(run_and_images, capsys, tmp_path):
     run, images = run_and_images
     broken = tmp_path / "broken.png"

@@ -137,6 +137,7 @@ def _keras(source, preprocessing=None):
         raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
                          f"version directory (no saved_model.pb) or its model folder{hint}")
     model, preprocessing, description = run_dir.load_source(source, preprocessing)
+    run_dir.check_classifier(model, f"--source={source}")
     labels = run_dir.recorded_labels(source, model.output_shape[-1])
     prep = preprocessing_lib.get(preprocessing)
     softmax_inside = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
