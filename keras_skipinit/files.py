@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import threading
 
 import numpy as np
@@ -78,6 +79,12 @@ def check_writable(path, flag=None):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{named} cannot be written: {existing} is not writable "
                          "(permissions or a read-only filesystem)")
+    try:  # what access() cannot tell (root passes it everywhere): /proc, a full disk, a filesystem taking no files
+        handle, probe = tempfile.mkstemp(prefix=".keras_skipinit-probe-", dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"{named} cannot be written: {existing} takes no new file ({one_line(e)})") from None
     return existing
 
 

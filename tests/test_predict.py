@@ -104,16 +104,21 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
     assert status == 1 and len(out.splitlines()) == 40 and "broken.png: not a readable image" in err
     for argv, match in (([f"--source={tmp_path / 'none'}", str(images)], "no such model file or model_dir"),
                         ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder"),
-                        ([f"--source={run}", str(images), f"--output={broken}/a.csv"], "is a file")):
+                        ([f"--source={run}", str(images), f"--output={broken}/a.csv"], "is a file"),
+                        # root may write everywhere by access(); /proc takes no file (issue 91.22: refused at the end)
+                        ([f"--source={run}", str(images), "--output=/proc/x.csv"], "takes no new file")):
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 
-def test_answers_stream_and_ctrl_c_keeps_those_given(run_and_images, capsys, tmp_path, monkeypatch):
-    """Ctrl-C in the third batch of 10: the 20 answers given are on stdout
-    and in --output, one line says where it stopped, exit 130 (the answers
-    came all at the end, so an interrupted run left none)."""
+@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm"])
+def test_answers_stream_and_ctrl_c_keeps_those_given(run_and_images, capsys, tmp_path, monkeypatch, stop):
+    """Ctrl-C (or SIGTERM: it wrote no --output, issue 91.12) in the third batch of 10: the 20 answers given
+    are on stdout and in --output, one line says where it stopped, exit 130 (143) (the answers came all at
+    the end, so an interrupted run left none)."""
+    import signal
+
     run, images = run_and_images
     load = predict.load
 
@@ -124,16 +129,21 @@ def test_answers_stream_and_ctrl_c_keeps_those_given(run_and_images, capsys, tmp
         def probabilities(images, files):
             calls.append(1)
             if len(calls) == 3:
+                if stop == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
                 raise KeyboardInterrupt
             return source.probabilities(images, files)
 
         return dataclasses.replace(source, probabilities=probabilities)
 
     monkeypatch.setattr(predict, "load", interrupted_in_the_third_batch)
+    before = signal.getsignal(signal.SIGTERM)
     status = predict.main([f"--source={run}", str(images), "--batch_size=10", f"--output={tmp_path / 'a.csv'}"])
     out, err = capsys.readouterr()
-    assert status == 130 and len(out.splitlines()) == 20
-    assert "interrupted after 20 of 40 images; their answers are above and in --output" in err
+    assert status == {"ctrl_c": 130, "sigterm": 143}[stop] and len(out.splitlines()) == 20
+    assert f"{'terminated' if stop == 'sigterm' else 'interrupted'} after 20 of 40 images; their answers are above " \
+           "and in --output" in err
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler put back
     with open(tmp_path / "a.csv") as f:
         assert [row[0] for row in list(csv.reader(f))[1:]] == [line.split("\t")[0] for line in out.splitlines()]
 

@@ -25,7 +25,7 @@ SavedModel's `assets.extra/labels.txt`, or `<file>.labels.txt` beside an
 exported file (else the class index); `--labels=FILE` names them instead. An
 unreadable image is a line on stderr; the others are answered, and the exit
 status is then 1. Exit 2: bad flags or a bad --source; 5: --output could
-not be written; 130: Ctrl-C (the answers stream a batch at a time: those
+not be written; 130: Ctrl-C, 143: SIGTERM (the answers stream a batch at a time: those
 given are kept, in --output too); 0: every image answered.
 """
 
@@ -34,6 +34,7 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -258,6 +259,8 @@ def main(argv=None):
         _cli.refuse(NAME, str(e))
     progress = _progress if sys.stderr.isatty() and len(files) > args.batch_size else None
     rows, unreadable, interrupted = [], 0, False
+    # SIGTERM (a job's time limit, `kill`) as Ctrl-C: the answers so far go to --output too (issue 91.12)
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         for file, ranked in predict(source, files, args.top_k, args.batch_size, progress):
             if ranked is None:
@@ -270,10 +273,13 @@ def main(argv=None):
                 print("\t".join(map(_field, row)), flush=True)
             except BrokenPipeError:  # `| head`: the rest goes to --output only
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except KeyboardInterrupt:  # Ctrl-C: the answers so far stand, in --output too
-        interrupted = True
-        print(("\n" if progress else "") + f"{NAME}: interrupted after {len(rows) + unreadable} of {len(files)} images; "
-              f"their answers are above{' and in --output' if args.output else ''}", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the answers so far stand, in --output too
+        interrupted = 143 if isinstance(e, _Terminated) else 130
+        print(("\n" if progress else "") + f"{NAME}: {'terminated' if interrupted == 143 else 'interrupted'} after "
+              f"{len(rows) + unreadable} of {len(files)} images; their answers are above"
+              f"{' and in --output' if args.output else ''}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.output is not None:
         text = io.StringIO()
         writer = csv.writer(text)
@@ -286,7 +292,15 @@ def main(argv=None):
         except OSError as e:  # a full disk, a folder gone read-only: the answers above stand
             print(f"{NAME}: error: cannot write --output={args.output}: {files_lib.one_line(e)}", file=sys.stderr)
             return 5
-    return 130 if interrupted else 1 if unreadable else 0
+    return interrupted or (1 if unreadable else 0)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping predict as Ctrl-C does (exit 143)."""
+
+
+def _terminated(signum, frame):
+    raise _Terminated
 
 
 def run():
