@@ -1190,3 +1190,25 @@ def test_unwritable_out_and_runs_dir_are_one_line_errors_before_any_run(tmp_path
             sweep_cli.checked_parser().parse_args(["--preset=fixup_fig3", *argv])
         assert flag in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_chance_and_classes_follow_the_dataset(tmp_path, capsys):
+    """A survival sweep on 3-class data counted runs at chance (33%) as trained with the 10-class defaults
+    (issue 91.6): --chance, --chance_level and --classes come from the dataset's classes, and a given value
+    that contradicts them is refused by the parser."""
+    from test_image_folder import write_folder
+
+    from keras_skipinit.sweep import cli as sweep_cli
+
+    folder = write_folder(tmp_path / "f", per_class=(2, 1))
+    base = ["--preset=survival", f"--dataset={folder}", f"--out={tmp_path / 'out'}"]
+    args = sweep_cli.parse_args(base)
+    assert (args.classes, args.chance, args.chance_level) == (3, round(1 / 3 + 0.01, 4), 1 / 3)
+    assert protocol.trained({"status": "completed", "test_top1": 0.34, "train_cross_entropy": 1.0}, args.chance) is False
+    defaults = sweep_cli.parse_args(["--preset=survival", f"--out={tmp_path / 'out'}"])  # fashion_mnist: 10
+    assert (defaults.classes, defaults.chance, defaults.chance_level) == (10, 0.11, 0.1)
+    for flag, words in (("--chance=0.11", "--chance=0.11 is below 3-class chance"),
+                        ("--classes=10", f"--classes=10, but --dataset={folder} has 3 classes")):
+        with pytest.raises(SystemExit):
+            sweep_cli.parse_args([*base, flag])
+        assert words in capsys.readouterr().err

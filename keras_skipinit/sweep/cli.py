@@ -82,12 +82,14 @@ def build_parser():
                         help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per learning rate (n)")
     parser.add_argument("--best_k", type=int, default=2, help="best k of n averaged (paper: 5 of 7)")
-    parser.add_argument("--chance", type=_finite, default=0.11,
-                        help="accuracy at or below this is a failed run (default: within 1 point of 10-class chance)")
-    parser.add_argument("--chance_level", type=_finite, default=0.1, help="chance accuracy, drawn in the plots")
-    parser.add_argument("--classes", type=int, default=10,
+    parser.add_argument("--chance", type=_finite, default=None,
+                        help="accuracy at or below this is a failed run (default: within 1 point of the dataset's "
+                        "chance, 1 / its classes)")
+    parser.add_argument("--chance_level", type=_finite, default=None,
+                        help="chance accuracy, drawn in the plots (default: 1 / the dataset's classes)")
+    parser.add_argument("--classes", type=int, default=None,
                         help="--protocol=survival: a run trained by loss ends below ln(classes) - 0.1 in training "
-                        "cross-entropy")
+                        "cross-entropy (default: the dataset's classes; 10 where only TFDS knows them)")
     parser.add_argument("--final_seeds", type=int, default=0,
                         help="then train this many seeds at each cell's best lr on all training images (test set); "
                         "0 with a choosing protocol: choose only (a cell's rates can run as separate sweeps, whose "
@@ -147,6 +149,7 @@ def parse_args(argv=None):
                      f"before the first run), got {args.lrs}")
     if args.protocol == protocol.SURVIVAL and args.extend_grid:
         parser.error("--protocol=survival runs its grid as given: no --extend_grid")
+    _chance_from_the_data(parser, args)
     if args.classes < 2:
         parser.error("--classes must be at least 2")
     if not 0 <= args.chance < 1 or not 0 <= args.chance_level < 1:
@@ -191,6 +194,41 @@ def parse_args(argv=None):
     except ValueError as e:
         parser.error(str(e))
     return args
+
+
+def _known_classes(args):
+    """The class count of the sweep's --dataset where it is known without
+    loading it: a folder's class folders, the embedded digits, a dataset read
+    from its original files; else None (a TFDS name: TFDS knows)."""
+    from keras_skipinit import image_folder, numpy_data, spec
+
+    name = args.dataset[: -len(spec.RGB32)] if args.dataset.endswith(spec.RGB32) else args.dataset
+    if image_folder.looks_like_folder(args.dataset):
+        return len(image_folder.layout(args.dataset, held_out=bool(args.validation_examples))[0]["train"])
+    if name == spec.EMBEDDED:
+        return 10
+    return len(numpy_data.LABEL_NAMES[name]) if name in numpy_data.LABEL_NAMES else None
+
+
+def _chance_from_the_data(parser, args):
+    """--classes, --chance and --chance_level from the dataset's classes where
+    not given, and a given one that contradicts them refused: on 3-class data
+    the 10-class defaults counted runs at chance (33%) as trained (issue
+    91.6)."""
+    try:
+        classes = _known_classes(args)
+    except ValueError as e:  # a folder that is gone: a report still reads its runs
+        if not args.report_only:
+            parser.error(str(e))
+        classes = None
+    if classes is not None and args.classes not in (None, classes):
+        parser.error(f"--classes={args.classes}, but --dataset={args.dataset} has {classes} classes")
+    args.classes = args.classes or classes or 10
+    if args.chance is not None and args.chance < 1 / args.classes:
+        parser.error(f"--chance={args.chance:g} is below {args.classes}-class chance ({1 / args.classes:.3g}): "
+                     "runs at chance would count as trained")
+    args.chance = round(1 / args.classes + 0.01, 4) if args.chance is None else args.chance
+    args.chance_level = 1 / args.classes if args.chance_level is None else args.chance_level
 
 
 def checked_parser():
