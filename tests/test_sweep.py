@@ -1212,3 +1212,29 @@ def test_chance_and_classes_follow_the_dataset(tmp_path, capsys):
         with pytest.raises(SystemExit):
             sweep_cli.parse_args([*base, flag])
         assert words in capsys.readouterr().err
+
+
+def test_impossible_results_and_rates_are_one_line_not_a_traceback_or_a_result(tmp_path, monkeypatch, capsys):
+    """Issue 91.16: --centre_log2_lrs=skipinit=5000 overflowed (even with --dry_run); a runs.jsonl line edited
+    to a rate of 0, below 0 or 1e400 met the report's logarithms as tracebacks, and an unknown status or an
+    accuracy of 5.0 was taken as a result. Each is one line naming the flag, or the file and line."""
+    for flag in ("--centre_log2_lrs=skipinit=5000", "--chosen_log2_lrs=skipinit=-5000"):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--preset=skipinit_table1", flag, "--dry_run", f"--out={tmp_path / 'flags'}"])
+        assert exit_info.value.code == 2 and "log2 rates lie in -30..30" in capsys.readouterr().err
+    fake_training(monkeypatch, fake_train([]))
+    argv = ["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=1", "--best_k=1", "--epochs=1",
+            "--no-extend_grid", f"--out={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"]
+    sweep.main(argv)
+    capsys.readouterr()
+    path = tmp_path / "out" / "runs.jsonl"
+    good = path.read_text()
+    record = json.loads(good)
+    for key, value, words in (("lr", 0, "lr is 0: a rate from 2^-30 to 2^30"), ("lr", -0.1, "lr is -0.1"),
+                              ("lr", 1e400, "lr is inf"), ("status", "weird", "status is 'weird'"),
+                              ("test_top1", 5.0, "test_top1 is 5.0: an accuracy from 0 to 1")):
+        path.write_text(json.dumps({**record, key: value}) + "\n")
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main([*argv, "--report_only"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "Traceback" not in err and f"line 1: not a sweep result ({words}" in err, err

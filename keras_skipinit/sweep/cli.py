@@ -40,9 +40,14 @@ def _names(text):
 
 def _method_ints(text):
     try:
-        return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+        values = {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected method=integer,..., got {text!r}") from None
+    far = [f"{k}={v}" for k, v in values.items() if abs(v) > protocol.MAX_LOG2_LR]  # 2^5000: OverflowError (91.16)
+    if far:
+        raise argparse.ArgumentTypeError(f"log2 rates lie in -{protocol.MAX_LOG2_LR}..{protocol.MAX_LOG2_LR}, got "
+                                         f"{', '.join(far)}")
+    return values
 
 
 def build_parser():

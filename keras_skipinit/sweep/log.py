@@ -3,6 +3,7 @@ one writer) as each result comes back; `read_jsonl` and `append` also keep
 the quantization study's log. `read_summary`: another sweep's summary.json."""
 
 import json
+import math
 import os
 import sys
 
@@ -20,7 +21,27 @@ def _wrong_types(record, required):
             if kinds is not None and (not isinstance(record[key], kinds) or isinstance(record[key], bool))]
 
 
-def read_jsonl(path, required, what, repair=False):
+STATUSES = ("completed", "diverged")  # what a recorded run ended as (an interrupted one is not recorded)
+
+
+def _impossible(record):
+    """What a sweep result holds that no run gives (an edited line: a rate of
+    0, below 0 or infinite, an unknown status, an accuracy outside 0..1),
+    which the report's logarithms and intervals met as tracebacks or took as
+    results (issue 91.16); None where nothing."""
+    lr, top1, entropy = record["lr"], record["test_top1"], record.get("train_cross_entropy")
+    if not (math.isfinite(lr) and 2.0**-protocol.MAX_LOG2_LR <= lr <= 2.0**protocol.MAX_LOG2_LR):
+        return f"lr is {lr!r}: a rate from 2^-{protocol.MAX_LOG2_LR} to 2^{protocol.MAX_LOG2_LR}"
+    if record["status"] not in STATUSES:
+        return f"status is {record['status']!r}: one of {', '.join(STATUSES)}"
+    if top1 is not None and not (math.isfinite(top1) and 0 <= top1 <= 1):
+        return f"test_top1 is {top1!r}: an accuracy from 0 to 1"
+    if isinstance(entropy, (int, float)) and not isinstance(entropy, bool) and math.isfinite(entropy) and entropy < 0:
+        return f"train_cross_entropy is {entropy!r}: a cross-entropy is >= 0"
+    return None
+
+
+def read_jsonl(path, required, what, repair=False, impossible=None):
     """The records of a JSON-lines log, each a dict with the keys of
     `required` ({key: type or tuple of types, or None for any}; `what` names
     one in messages).
@@ -56,8 +77,9 @@ def read_jsonl(path, required, what, repair=False):
                 break
             missing = [k for k in required if not isinstance(record, dict) or k not in record]
             wrong = [] if missing else _wrong_types(record, required)
-            if missing or wrong:
-                why = f"missing {', '.join(missing)}" if missing else ", ".join(wrong)
+            odd = None if missing or wrong or impossible is None else impossible(record)
+            if missing or wrong or odd:
+                why = f"missing {', '.join(missing)}" if missing else ", ".join(wrong) or odd
                 raise ValueError(f"{path}, line {number}: not {what} ({why}); mend or delete that line")
             records.append(record)
         offset += len(raw) + 1
@@ -74,7 +96,7 @@ def load(path, repair=False):
     two that differ are a one-line ValueError naming the run, not a silent
     choice of the later one."""
     runs = {}
-    for run in read_jsonl(path, _REQUIRED, "a sweep result", repair):
+    for run in read_jsonl(path, _REQUIRED, "a sweep result", repair, _impossible):
         ident = protocol.run_ident(run)
         if ident in runs and [runs[ident].get(k) for k in _RESULT] != [run.get(k) for k in _RESULT]:
             method, depth, _, lr, seed, phase = ident
