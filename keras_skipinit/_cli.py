@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import math
 import os
 import sys
 
@@ -121,6 +122,28 @@ def positive_int(text):
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text):
+    """An argparse type: a whole number >= 0 (a seed: NumPy refuses negative ones, late, as a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def positive_finite(text):
+    """An argparse type: a finite number > 0 (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return value
 
 

