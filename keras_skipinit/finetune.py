@@ -103,9 +103,9 @@ def _source(path, rebuild, keras_application=None):
     from keras_skipinit import run_dir
 
     if path == IMAGENET:  # downloaded by Keras on first use, then cached (~/.keras/models)
-        import keras
+        from keras_skipinit.applications import _base
 
-        return getattr(keras.applications, keras_application)(weights="imagenet"), (
+        return _base.keras_imagenet(keras_application), (
             f"keras.applications.{keras_application}'s ImageNet weights")
     if os.path.isdir(path):
         model, _, description = run_dir.newest_model(path)

@@ -1,4 +1,5 @@
 import math
+import re
 
 import keras
 import numpy as np
@@ -80,6 +81,28 @@ def test_imagenet_weights_are_keras_applications_weights(monkeypatch):
         assert passed["input_shape"] == model.input_shape[1:]
         inputs = x[:, :model.input_shape[1], :model.input_shape[2]]
         np.testing.assert_allclose(model(inputs, training=False), theirs(inputs, training=False), atol=1e-5)
+
+
+def test_imagenet_weights_offline_are_one_line_saying_where_to_put_them(monkeypatch):
+    """Offline, weights="imagenet" and --init_from=imagenet were a 98-line traceback from Keras' download
+    (issue 91.14): one ValueError naming the network, the failure and Keras' cache folder."""
+    from keras.src.utils import file_utils
+
+    from keras_skipinit import finetune
+
+    failure = "URL fetch failure on https://example/w.h5: None -- [Errno -3] Temporary failure in name resolution"
+
+    def offline(*args, **kwargs):
+        raise Exception(failure)
+
+    monkeypatch.setattr(file_utils, "get_file", offline)
+    monkeypatch.setenv("KERAS_HOME", "/somewhere/keras")
+    words = (f"keras.applications.ResNet50V2's ImageNet weights could not be fetched ({failure}): connect once "
+             "(Keras keeps them in /somewhere/keras/models)")
+    with pytest.raises(ValueError, match=re.escape(words)):
+        apps.ResNet50V2(weights="imagenet", include_top=False, input_shape=(64, 64, 3))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        finetune._source(finetune.IMAGENET, None, "ResNet50V2")
 
 
 @pytest.mark.heavy

@@ -198,10 +198,25 @@ def imagenet_weights(model, keras_application, **top):
         raise ValueError(f"weights='imagenet' are keras.applications.{keras_application}'s, a BatchNorm network: this "
                          f"model's weights differ from it in {len(differing)} layer(s), e.g. {differing[0]!r} "
                          "(loop_blocks or use_bias): build it without them.")
-    source = make(weights="imagenet", input_shape=shape, **top)
+    source = keras_imagenet(keras_application, input_shape=shape, **top)
     for layer in model.layers:
         if layer.weights:
             layer.set_weights(source.get_layer(layer.name).get_weights())
+
+
+def keras_imagenet(keras_application, **arguments):
+    """keras.applications' `keras_application` with its ImageNet weights
+    (Keras downloads them once into ~/.keras/models, KERAS_HOME); where they
+    cannot be fetched (offline), one line saying where to put them (it was
+    a 98-line traceback; issue 91.14)."""
+    try:
+        return getattr(keras.applications, keras_application)(weights="imagenet", **arguments)
+    except Exception as e:  # Keras' get_file raises a bare Exception ("URL fetch failure ...") or an OSError
+        cache = os.path.join(os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras"), "models")
+        raise ValueError(f"keras.applications.{keras_application}'s ImageNet weights could not be fetched "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}): connect once (Keras keeps them "
+                         f"in {cache}), or copy keras.applications' weights file there from a machine that has "
+                         "it") from None
 
 
 def _weight_shapes(model):
