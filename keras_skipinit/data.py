@@ -17,9 +17,11 @@ array_record where TensorFlow is not installed (`numpy_data.Records`, read per
 batch). Where it is, other TFDS datasets go through tf.data.
 """
 
+import contextlib
 import dataclasses
 import numbers
 import os
+import re
 
 import keras
 import numpy as np
@@ -83,6 +85,21 @@ def as_tf_data(split):
         return tf.ensure_shape(image, split.image_shape), tf.ensure_shape(label, ())
 
     return tf.data.Dataset.range(len(split)).map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+@contextlib.contextmanager
+def feed_errors():
+    """A ValueError raised where tf.data reads a streamed example (`as_tf_data`:
+    a file found truncated when a batch needed it) reaches the caller wrapped
+    in TensorFlow's error, with two tracebacks (68 lines; issue 91.15): raised
+    again as the ValueError's own line, as the NumPy feed raises it."""
+    try:
+        yield
+    except Exception as e:
+        found = re.search(r"ValueError: (.+)", str(e)) if type(e).__module__.startswith("tensorflow") else None
+        if found is None:
+            raise
+        raise ValueError(found.group(1).strip()) from None
 
 
 def _image_chunks(split, size=1024):

@@ -154,8 +154,9 @@ def _train(config, strategy, out_dir, start, interrupt):
     _start_or_restore(run)
     _carry_records(run)
     eval_ds, eval_steps = _eval_data(run)
-    stopped, diverged, final_eval = _epoch_loop(run, eval_ds, eval_steps)
-    return stopped or _finish(run, diverged, final_eval, eval_ds, eval_steps)
+    with data_lib.feed_errors():  # a streamed file found corrupt: its one line, not TensorFlow's wrapping
+        stopped, diverged, final_eval = _epoch_loop(run, eval_ds, eval_steps)
+        return stopped or _finish(run, diverged, final_eval, eval_ds, eval_steps)
 
 
 def _set_up_data(run):

@@ -244,6 +244,22 @@ def test_bad_folders_are_one_line_naming_what_is_wrong(tmp_path, monkeypatch, br
         assert len(folder.skipped) == 1 and len(folder.train[0]) == 24
 
 
+def test_a_streamed_file_found_truncated_when_a_batch_reads_it_is_one_line(tmp_path):
+    """A streamed folder's files are checked by their headers; one whose data is cut is named when a batch
+    reads it: on TensorFlow that came wrapped in tf.data's error, 68 lines (issue 91.15); on every backend
+    now the one line, with the run's training never finished."""
+    root = write_folder(tmp_path / "f", per_class=(8, 2))
+    _truncated_png(root / "train" / "seven" / "broken.png")
+    config = training.Config(dataset=str(root), depth=10, epochs=1, batch_size=8, stream_images=True,
+                             model_dir=str(tmp_path / "run"), verbose=0)
+    with pytest.raises(ValueError) as error:
+        training.train(config)
+    assert str(error.value) == (f"{root / 'train' / 'seven' / 'broken.png'}: truncated or corrupt: PIL cannot decode "
+                                "it (read as a batch needed it: the folder is streamed, its files checked by their "
+                                "headers only)")
+    assert not (tmp_path / "run" / run_dir.RESULTS).exists()
+
+
 def test_skipping_bad_images_that_empties_a_class_is_refused(tmp_path, monkeypatch):
     """--skip_bad_images on a class folder of text files named .jpg trained with a label of no images
     (issue 91.7): refused as an empty class folder is, in memory and streamed."""
