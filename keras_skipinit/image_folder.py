@@ -206,8 +206,10 @@ def _bad(file, why, skip_bad):
 def decode(file, mode, size, crop=None):
     """One image as a uint8 (H, W, C) array in `mode` ("L" or "RGB"), the
     shorter side resized to `size` and the centre `crop` square kept (crop
-    None: `size`; size None: as it is); None where decoding fails (a
-    truncated or corrupt file, or pixels of no fixed range: `_NO_RANGE`)."""
+    None: `size`; size None: as it is); `size` and `crop` (height, width)
+    pairs: resized to cover that rectangle, its centre kept (a model of
+    non-square images); None where decoding fails (a truncated or corrupt
+    file, or pixels of no fixed range: `_NO_RANGE`)."""
     from PIL import Image
 
     try:
@@ -215,8 +217,9 @@ def decode(file, mode, size, crop=None):
             image.seek(0)  # a GIF's first frame
             if size is not None:
                 width, height = image.size
-                scale = size / min(width, height)
-                new = (max(size, round(width * scale)), max(size, round(height * scale)))
+                cover_h, cover_w = size if isinstance(size, tuple) else (size, size)
+                scale = max(cover_w / width, cover_h / height)  # a square: size / the shorter side
+                new = (max(cover_w, round(width * scale)), max(cover_h, round(height * scale)))
                 image.draft(None, new)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale where that is still >= new
             image.load()
             found = _mode(image)
@@ -231,9 +234,9 @@ def decode(file, mode, size, crop=None):
     if size is not None:
         if new != image.size:
             image = image.resize(new, Image.BILINEAR)
-        crop = crop or size
-        left, top = (new[0] - crop) // 2, (new[1] - crop) // 2
-        image = image.crop((left, top, left + crop, top + crop))
+        crop_h, crop_w = (lambda c: c if isinstance(c, tuple) else (c, c))(crop or size)
+        left, top = (new[0] - crop_w) // 2, (new[1] - crop_h) // 2
+        image = image.crop((left, top, left + crop_w, top + crop_h))
     array = np.asarray(image, np.uint8)
     return array[..., None] if array.ndim == 2 else array
 

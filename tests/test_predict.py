@@ -95,6 +95,33 @@ def test_a_model_without_a_classifier_is_refused(run_and_images, capsys, tmp_pat
         assert "features, not class scores; it needs a classifier head" in line, line
 
 
+def test_a_model_of_non_square_images_answers_and_a_size_free_one_is_refused(tmp_path, capsys):
+    """A model of 24x40 images (a folder of one shared non-square size trains one) answered nothing: every
+    image was "not a readable image" (issue 91.19). Images of its size are taken as they are, others resized
+    to cover 24x40 and their centre kept; a model of any size is refused in one line."""
+    import keras
+
+    from keras_skipinit.applications import WideResNet
+
+    model = WideResNet(10, 1, input_shape=(24, 40, 1), classes=3, seed=0, normalization="skipinit", alpha_init="one")
+    run_dir.save_model(model, str(tmp_path / "wide.keras"), "standardize")
+    rng = np.random.default_rng(0)
+    same = rng.integers(0, 256, (24, 40), np.uint8)
+    Image.fromarray(same).save(tmp_path / "same.png")
+    Image.fromarray(rng.integers(0, 256, (60, 60), np.uint8)).save(tmp_path / "square.png")
+    status, lines = answers(capsys, "--source=" + str(tmp_path / "wide.keras"), "--top_k=3", tmp_path / "same.png",
+                            tmp_path / "square.png")
+    assert status == 0 and len(lines) == 2
+    want = keras.ops.convert_to_numpy(model(preprocessing.get("standardize").numpy(same[None, ..., None]),
+                                            training=False))[0]
+    got = {int(c): float(p) for c, p in zip(lines[0][1::2], lines[0][2::2])}
+    np.testing.assert_allclose([got[c] for c in range(3)], want, atol=1e-4)
+    WideResNet(10, 1, input_shape=(None, None, 1), classes=3, seed=0).save(tmp_path / "any.keras")
+    with pytest.raises(SystemExit):
+        predict.main([f"--source={tmp_path / 'any.keras'}", "--preprocessing=standardize", str(tmp_path / "same.png")])
+    assert "takes images of any size (None, None, 1): predict feeds a fixed size" in capsys.readouterr().err
+
+
 def test_unreadable_images_are_named_and_the_others_answered(run_and_images, capsys, tmp_path):
     run, images = run_and_images
     broken = tmp_path / "broken.png"

@@ -68,7 +68,7 @@ def build_parser():
 class Source:
     description: str
     shape: tuple  # (height, width, channels) of the uint8 images `probabilities` takes
-    resize: int  # shorter side resized to this, then the centre `shape[0]` square kept
+    resize: object  # shorter side resized to this (a (height, width) pair: to cover it), then the centre kept
     labels: dict  # class index -> name, where known
     classes: int  # the model's class count
     probabilities: object  # (uint8 batch, their files) -> float32 (batch, classes)
@@ -148,7 +148,10 @@ def _keras(source, preprocessing=None):
         return out if softmax_inside else _softmax(out)
 
     height, width, channels = model.input_shape[1:]
-    resize = preprocessing_lib.IMAGENET_RESIZE if prep.input_size else height
+    if height is None or width is None:  # every image was called unreadable (issue 91.19)
+        raise ValueError(f"--source={source} takes images of any size {tuple(model.input_shape[1:])}: predict feeds "
+                         "a fixed size; save the model with its training images' input_shape")
+    resize = preprocessing_lib.IMAGENET_RESIZE if prep.input_size else _cover(height, width)
     return Source(description, (height, width, channels), resize, dict(enumerate(labels or ())), model.output_shape[-1],
                   probabilities)
 
@@ -175,7 +178,15 @@ def _saved_model(path):
         # give it the centre 256 square at 256, which its resize leaves as it is: its crop is then the run's
         # (a 224 crop given would be cropped again, the centre 87.5% enlarged)
         height = width = preprocessing_lib.IMAGENET_RESIZE
-    return Source(f"SavedModel {path}", (height, width, channels), height, labels, classes, probabilities)
+    return Source(f"SavedModel {path}", (height, width, channels), _cover(height, width), labels, classes,
+                  probabilities)
+
+
+def _cover(height, width):
+    """What `image_folder.decode` resizes an image to for a model of
+    height x width: the shorter side to the size of a square, else a cover
+    of the rectangle (a model of non-square images; issue 91.19)."""
+    return height if height == width else (height, width)
 
 
 def _exported_file(path):
@@ -185,7 +196,7 @@ def _exported_file(path):
     loaded = runtimes.open_file(path)
     labels = _names_beside(publish.labels_path(path), loaded.classes)  # as the export wrote them
     height = loaded.shape[0]
-    resize = preprocessing_lib.IMAGENET_RESIZE if _resizes_and_crops(path, height) else height
+    resize = preprocessing_lib.IMAGENET_RESIZE if _resizes_and_crops(path, height) else _cover(*loaded.shape[:2])
     return Source(path, loaded.shape, resize, labels, loaded.classes, lambda images, files: loaded.run(images))
 
 
@@ -219,7 +230,7 @@ def predict(source, files, top_k=1, batch_size=64, progress=None):
     mode = "L" if channels == 1 else "RGB"
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        decoded = image_folder.decode_all(chunk, mode, source.resize, height)
+        decoded = image_folder.decode_all(chunk, mode, source.resize, (height, width))
         readable = [(f, x) for f, x in zip(chunk, decoded) if x is not None and x.shape == (height, width, channels)]
         ranked = {}
         if readable:
