@@ -162,8 +162,14 @@ def _data():
     if _run_of(F.source) is None:
         raise ValueError(f"{F.source} is a .keras file from outside a train.py run: pass --dataset=NAME for the "
                          "images its export is checked on")
-    config = run_dir.read_spec(_run_of(F.source))["config"]
-    return data_lib.load_for({**config, "train_examples": None, "preprocessing": None})
+    recorded = run_dir.read_spec(_run_of(F.source))
+    config = {**recorded["config"], "train_examples": None, "preprocessing": None}
+    if recorded.get("dataset_folder"):  # a folder given by a relative path: where it was, from anywhere
+        config["dataset"] = recorded["dataset_folder"]
+    elif os.sep in config["dataset"] and not os.path.exists(os.path.expanduser(config["dataset"])):
+        raise ValueError(f"the run trained on --dataset={config['dataset']}, a folder named relative to where train.py "
+                         "ran (a run from before its folder was recorded whole): pass --dataset=<that folder> from here")
+    return data_lib.load_for(config)
 
 
 def _export_file(model, preprocessing, source, labels):

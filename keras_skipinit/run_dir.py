@@ -27,7 +27,7 @@ import zipfile
 
 import keras
 
-from keras_skipinit import applications, compat, files, preprocessing as preprocessing_lib, spec
+from keras_skipinit import applications, compat, files, image_folder, preprocessing as preprocessing_lib, spec
 from keras_skipinit.checkpoint import Checkpoint
 
 SPEC = "model_spec.json"
@@ -218,6 +218,9 @@ def write_spec(model_dir, config, model_args, dataset, backend):
         "preprocessing": dataset.preprocessing,
         "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
         "data": _data_record(dataset),  # what a resumed run checks it still trains on (check_same_data)
+        # A folder --dataset as an absolute path: export run elsewhere finds it (issue 91.21); --dataset stays as given
+        **({"dataset_folder": os.path.abspath(os.path.expanduser(dataset.name))}
+           if image_folder.looks_like_folder(dataset.name) else {}),
         "backends": backends,
     })
     return backends

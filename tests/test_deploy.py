@@ -340,3 +340,26 @@ def test_an_int8_conversion_does_not_print_the_calibrators_float32_line(tmp_path
     with deploy._filtered_stderr(("noise",)):
         os.write(2, b"noise line\nkept line\n")
     assert capfd.readouterr().err == "kept line\n"
+
+
+@pytest.mark.heavy
+def test_a_run_on_a_relative_folder_exports_from_another_directory(tmp_path, monkeypatch):
+    """A run trained on --dataset=data/base (relative) failed to export from elsewhere: "unknown dataset
+    'data/base' ... Did you mean bee_dataset?" (issue 91.21). The run records the folder's absolute path
+    (--dataset stays as given, so it resumes as before), which export's check images come from."""
+    _require_export()
+    from test_image_folder import write_folder
+
+    from keras_skipinit import run_dir
+
+    write_folder(tmp_path / "data" / "base", per_class=(8, 4))
+    monkeypatch.chdir(tmp_path)
+    training.train(training.Config(dataset="data/base", depth=10, epochs=1, batch_size=8, verbose=0,
+                                   model_dir=str(tmp_path / "run")))
+    spec = run_dir.read_spec(str(tmp_path / "run"))
+    assert spec["config"]["dataset"] == "data/base" and spec["dataset_folder"] == str(tmp_path / "data" / "base")
+    ((status, out, err),) = run_cli_cases("export", [[f"--source={tmp_path / 'run'}", "--format=onnx",
+                                                      "--check_images=12", f"--output={tmp_path / 'out' / 'm.onnx'}"]],
+                                          ROOT)  # run from the clone's root, not tmp_path
+    assert status == 0, err[-2000:]
+    assert json.loads((tmp_path / "out" / "m.onnx.check.json").read_text())["images"] == 12
