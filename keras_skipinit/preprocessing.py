@@ -338,7 +338,13 @@ def choose(choice, dataset, image_shape, stats=None):
                          f"{'x'.join(map(str, image_shape))} images, which take {own}.")
     if choice == MEAN_STD and dataset not in CHANNEL_STATS:
         if stats is not None:
-            return stats_name(*stats())
+            mean, std = stats()
+            flat = [c for c, s in enumerate(std) if round(s, 4) <= 0]  # the name holds 4 decimals
+            if flat:  # it was refused as "preprocessing must be one of ..." (issue 91.22)
+                raise ValueError(f"--preprocessing={MEAN_STD}: channel {flat[0]} of {dataset}'s training images is "
+                                 f"constant (mean {mean[flat[0]]:.4g}, std {std[flat[0]]:.2g}): per-channel "
+                                 f"statistics cannot scale it; use --preprocessing={STANDARDIZE}")
+            return stats_name(mean, std)
         raise ValueError(f"--preprocessing={MEAN_STD}: no channel statistics for {dataset!r} "
                          f"(preprocessing.CHANNEL_STATS has {', '.join(CHANNEL_STATS)}; add its line there).")
     return f"{dataset}_{MEAN_STD}" if choice == MEAN_STD else choice

@@ -338,6 +338,20 @@ def test_a_continued_run_keeps_the_mean_std_statistics_it_started_with(tmp_path,
     assert f"continues with the preprocessing it started with, {first}" in capsys.readouterr().out
 
 
+def test_mean_std_of_a_constant_channel_names_it(tmp_path):
+    """A folder whose images are one flat grey: per-channel statistics cannot scale it, and the refusal said
+    "preprocessing must be one of ..." (issue 91.22): it names the channel."""
+    for split, count in (("train", 3), ("test", 1)):
+        for name in ("a", "b"):
+            (tmp_path / "f" / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(np.full((8, 8), 90, np.uint8)).save(tmp_path / "f" / split / name / f"{i}.png")
+    with pytest.raises(ValueError, match=re.escape("--preprocessing=mean_std: channel 0 of ") + ".*" +
+                       re.escape("training images is constant (mean 90, std 0): per-channel statistics cannot "
+                                 "scale it; use --preprocessing=standardize")):
+        data_lib.load(str(tmp_path / "f"), preprocessing_choice="mean_std")
+
+
 def test_mean_std_on_a_folder_of_large_images_is_refused_before_its_statistics_are_read(tmp_path, monkeypatch):
     """The size rule (mean_std up to 64 px) refuses first: a streamed folder's
     statistics would read every image."""
