@@ -59,6 +59,9 @@ class Checkpoint:
             os.replace(tmp, final)
         for _, _, old in self._list(out)[self.keep :]:
             shutil.rmtree(old, ignore_errors=True)
+        for name in os.listdir(out):  # a save killed midway left its tmp-*; one process writes here (run_dir.lock)
+            if name.startswith("tmp-"):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
     @classmethod
     def read_state(cls, path):

@@ -52,6 +52,12 @@ def test_checkpoints_are_whole_directories_and_the_newest_two_are_kept(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["ckpt-000001-000000", "ckpt-000001-000003"]  # no temporaries left
     target = small_model(9)
     assert ckpt.restore(target)[0] == (1, 3) and same_weights(target, models[2])
+    # A save killed midway leaves its tmp-* folder: the next save removes it (they stayed after the resumed run
+    # completed; issue 91, smaller).
+    (tmp_path / "tmp-killed").mkdir()
+    (tmp_path / "tmp-killed" / Checkpoint.WEIGHTS).write_bytes(b"half a file")
+    ckpt.save(models[0], 2, 0)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000001-000003", "ckpt-000002-000000"]
 
 
 @pytest.mark.parametrize("normalization", NORMALIZATIONS)
