@@ -6,6 +6,7 @@ import importlib
 import logging
 import math
 import os
+import re
 import sys
 
 from absl import app, flags
@@ -63,8 +64,8 @@ def parse_flags(argv, usage, module, program_name, known_only=False):
         print_help(help_text(usage, module))
     try:
         rest = flags.FLAGS(argv, known_only=known_only)
-    except flags.Error as e:
-        refuse(program_name, f"{e} (--help lists the flags)")
+    except flags.Error as e:  # a validator of several flags: absl's "flags a=1, b=2: " before its words, dropped
+        refuse(program_name, f"{_MULTI_FLAG_PREFIX.sub('', str(e))} (--help lists the flags)")
     if known_only:
         unknown = [a for a in rest[1:] if a.startswith("-") and _flag_name(a) not in LIBRARY_FLAGS]
         if unknown:
@@ -73,6 +74,9 @@ def parse_flags(argv, usage, module, program_name, known_only=False):
     if len(rest) > 1:
         refuse(program_name, unexpected(rest[1:]))
     return rest
+
+
+_MULTI_FLAG_PREFIX = re.compile(r"^flags (\w+=[^,]*, )*\w+=[^:]*: ")
 
 
 def _flag_name(arg):

@@ -5,6 +5,8 @@ model_spec.json, a .keras file, results.json) and the keyword arguments they
 documented are translated to them in this module. Imports nothing heavy.
 """
 
+import os
+import sys
 import warnings
 
 # Model keyword arguments (the constructors', and model_spec.json's "model" record): old name -> today's.
@@ -24,8 +26,19 @@ def keywords(kwargs, caller=None):
                             f"pass {new!r} alone")
         renamed[new] = renamed.pop(old)
         if caller:
-            warnings.warn(f"{caller}: {old!r} is now {new!r}", DeprecationWarning, stacklevel=3)
+            warnings.warn(f"{caller}: {old!r} is now {new!r}", DeprecationWarning, stacklevel=_user_level())
     return renamed
+
+
+def _user_level():
+    """The `stacklevel` of the first caller outside this package: the user's
+    line, however deep the call came in (create_model -> a constructor
+    pointed at registry.py)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(2), 2  # the caller of `keywords`
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def model_args(recorded):

@@ -310,11 +310,37 @@ def value_error(name, value):
 
 def check(config):
     """Raises ValueError for the first setting of `config` outside its field's
-    kind, choices or bounds (NaN and infinity included)."""
+    kind, choices or bounds (NaN and infinity included), or for settings that
+    contradict each other (`across_error`)."""
     for name in FIELDS:
         error = value_error(name, getattr(config, name))
         if error:
             raise ValueError(error)
+    error = across_error({name: getattr(config, name) for name in ACROSS})
+    if error:
+        raise ValueError(error)
+
+
+ACROSS = ("model", "depth", "dataset", "image_size", "channels")  # what `across_error` reads
+
+
+def across_error(values):
+    """Why settings read together (`ACROSS`, a dict) cannot be, or None: the
+    architecture's depths; --image_size and --channels, which only a folder
+    --dataset reads (elsewhere ignored but recorded). Keras-free: train.py's
+    flags answer it before Keras loads, where it came 6-13 s after (issue 91)."""
+    from keras_skipinit import image_folder
+
+    if values["model"] in ARCHITECTURES:
+        try:
+            ARCHITECTURES[values["model"]].check_depth(values["depth"])
+        except ValueError as e:
+            return str(e)
+    given = [f"--{name}" for name in ("image_size", "channels") if values[name] is not None]
+    if given and not image_folder.looks_like_folder(values["dataset"]):
+        return (f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} read for a folder --dataset only; "
+                f"{values['dataset']} has its own image size and channels")
+    return None
 
 
 def add_arguments(parser, defaults, notes=None):

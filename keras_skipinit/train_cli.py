@@ -49,10 +49,18 @@ def define():
         choices = (list(meta["choices"]),) if kind == "enum" else ()
         _DEFINE[kind](name, field.default, *choices, meta["help"], **extra)
         flags.register_validator(name, _checker(name))
+    flags.register_multi_flags_validator(list(spec.ACROSS), _across)
     flags.DEFINE_string(
         "export_dir", None,
         "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
         "(checked before training starts).")
+
+
+def _across(values):
+    error = spec.across_error(values)
+    if error:
+        raise flags.ValidationError(error)
+    return True
 
 
 def _checker(name):

@@ -49,6 +49,12 @@ def test_every_renamed_public_keyword_still_works_with_a_warning():
             assert model.get_layer("top_dropout").rate == 0.25
     with pytest.warns(DeprecationWarning, match="GhostBatchNormalization: 'virtual_batch_size' is now 'ghost_batch_size'"):
         layer = GhostBatchNormalization(virtual_batch_size=4)
+    # Each warning names the user's line, also through create_model (it pointed at registry.py; issue 91)
+    for make in (lambda: GhostBatchNormalization(virtual_batch_size=4),
+                 lambda: apps.create_model("wrn_16_1", input_shape=(8, 8, 1), classes=3, dropout_rate=0.1)):
+        with pytest.warns(DeprecationWarning) as caught:
+            make()
+        assert [w.filename for w in caught] == [__file__], [w.filename for w in caught]
     assert layer.ghost_batch_size == 4 and layer.get_config()["ghost_batch_size"] == 4
     with pytest.raises(TypeError, match="one setting under two names"):
         GhostBatchNormalization(4, virtual_batch_size=4)

@@ -353,7 +353,10 @@ BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), 
              ("--no_such_flag=1", "no_such_flag"), ("stray", "unexpected arguments: stray"),  # issue 46.7: usage, exit 1
              ("--epochs=99999999999999999999", "in the range [1, 1000000]"), ("--mixup_alpha=nan", "finite"),
              ("--learning_rate=inf", "finite"), ("--ghost_batch_size=-3", "ghost_batch_size"),
-             ("--seed=-5", "seed"), ("--steps_per_epoch=10000000000000", "steps_per_epoch")]
+             ("--seed=-5", "seed"), ("--steps_per_epoch=10000000000000", "steps_per_epoch"),
+             # before Keras loads, where they came 6-13 s after; --image_size was ignored but recorded (issue 91)
+             ("--depth=17", "WideResNet depth must be 6k+4"),
+             ("--image_size=40", "--image_size is read for a folder --dataset only; mnist_embedded has its own")]
 
 
 @pytest.mark.heavy
@@ -389,6 +392,7 @@ def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
         (["-m", "keras_skipinit.sweep", "--epochs=0"], 2, "--epochs"), (["-m", "keras_skipinit.sweep", "--bogus"], 2, "--bogus"),
         # checks past the parser's own (sweep: parse_args's; analysis: its method list), before Keras too
         (["-m", "keras_skipinit.sweep", "--methods=skipnit"], 2, "--methods: unknown ['skipnit']"),
+        (["-m", "keras_skipinit.sweep", "--depths=16,17"], 2, "--depths: WideResNet depth must be 6k+4"),
         (["-m", "keras_skipinit.analysis", "--normalizations=layernorm"], 2, "'layernorm': not one of")]
     for argv, status, match in cases:
         proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)

@@ -154,6 +154,11 @@ def parse_args(argv=None):
                      f"before the first run), got {args.lrs}")
     if args.protocol == protocol.SURVIVAL and args.extend_grid:
         parser.error("--protocol=survival runs its grid as given: no --extend_grid")
+    for depth in args.depths:  # refused before Keras loads, not at its run (6-13 s after)
+        error = spec.across_error({"model": args.model, "depth": depth, "dataset": args.dataset, "image_size": None,
+                                   "channels": None})
+        if error:
+            parser.error(f"--depths: {error}")
     _chance_from_the_data(parser, args)
     if args.classes < 2:
         parser.error("--classes must be at least 2")
