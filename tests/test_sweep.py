@@ -1238,3 +1238,20 @@ def test_impossible_results_and_rates_are_one_line_not_a_traceback_or_a_result(t
             sweep.main([*argv, "--report_only"])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and "Traceback" not in err and f"line 1: not a sweep result ({words}" in err, err
+
+
+def test_a_run_folder_held_by_another_sweep_is_said_in_the_sweeps_words(tmp_path, monkeypatch, capsys):
+    """The second of two sweeps on one --runs_dir was refused naming a --model_dir the user never gave
+    (issue 91): the sweep names the run, its folder in --runs_dir and what to do."""
+    from keras_skipinit import run_dir
+
+    fake_training(monkeypatch, fake_train([]))
+    held = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
+    with run_dir.lock(str(held)):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--depths=10", "--methods=skipinit", "--log2_lrs=-3", "--seeds=1", "--best_k=1", "--epochs=1",
+                        "--no-extend_grid", f"--out={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and "--model_dir" not in line
+    assert f"run skipinit depth 10 lr 2^-3 seed 0: its folder {held} (in --runs_dir={tmp_path / 'runs'}) is in use by" \
+           in line and "another sweep of this --runs_dir?" in line, line

@@ -267,6 +267,19 @@ def plan(settings):
     return "\n".join(lines)
 
 
+def _check_not_held(run, run_config, settings):
+    """One line in the sweep's words where another process holds a run's
+    folder (a second sweep on the same --runs_dir): the run's own refusal
+    named a --model_dir the user never gave (issue 91)."""
+    from keras_skipinit import run_dir
+
+    who = run_dir.holder(run_config.model_dir)
+    if who:
+        raise ValueError(f"run {run_label(run, settings)}: its folder {run_config.model_dir} (in --runs_dir="
+                         f"{settings.runs_dir}) is in use by {who}: another sweep of this --runs_dir? Wait for it, "
+                         "or give this sweep another --out and --runs_dir")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Progress:
     """What --dry_run says of a pending run: the epochs its history.csv holds, the process holding its
@@ -318,6 +331,7 @@ def run_sweep(settings):
             pending = [run for run in protocol.pending_runs(settings, done) if run not in in_flight]
             for run in pending[: executor.capacity - len(in_flight)]:
                 run_config = config(settings, run)
+                _check_not_held(run, run_config, settings)
                 before[run] = _epochs_recorded(run_config)  # set before the watch sees the run in flight
                 in_flight[run] = run_config
                 executor.submit(run, run_config)
