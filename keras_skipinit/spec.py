@@ -20,6 +20,7 @@ Keras loads, and a method added by one record is a flag choice at once.
 
 import dataclasses
 import math
+import os
 
 from keras_skipinit import normalization as norm_lib, preprocessing as preprocessing_lib
 from keras_skipinit._checks import is_int
@@ -321,7 +322,7 @@ def check(config):
         raise ValueError(error)
 
 
-ACROSS = ("model", "depth", "dataset", "image_size", "channels")  # what `across_error` reads
+ACROSS = ("model", "depth", "dataset", "image_size", "channels", "init_from")  # what `across_error` reads
 
 
 def across_error(values):
@@ -336,6 +337,13 @@ def across_error(values):
             ARCHITECTURES[values["model"]].check_depth(values["depth"])
         except ValueError as e:
             return str(e)
+    dataset = values["dataset"]
+    if isinstance(dataset, str) and image_folder.looks_like_folder(dataset) and not os.path.exists(
+            os.path.expanduser(dataset)):  # said in under a second, not after Keras loads (issue 89.5)
+        return f"--dataset={dataset}: no such folder ({image_folder.LAYOUT})"
+    source = values.get("init_from")
+    if isinstance(source, str) and source.strip() and source != IMAGENET_WEIGHTS and not os.path.exists(source):
+        return f"--init_from={source}: no such train.py model_dir, .keras or .weights.h5 file"
     given = [f"--{name}" for name in ("image_size", "channels") if values[name] is not None]
     if given and not image_folder.looks_like_folder(values["dataset"]):
         return (f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} read for a folder --dataset only; "

@@ -51,7 +51,7 @@ def build_parser():
     parser = _cli.ArgumentParser(prog=NAME, description="What is in these images, from a trained run or an exported "
                                  "file (one line per image: path, label, score).")
     parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
-    parser.add_argument("--source", required=True, help="a train.py model_dir, a .keras file, a SavedModel version "
+    parser.add_argument("--source", required=True, type=_existing, help="a train.py model_dir, a .keras file, a SavedModel version "
                         "directory or its model folder (newest version), a .tflite or a .onnx file")
     parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
     parser.add_argument("--labels", default=None, help="a file of class names, one a line (default: the names the "
@@ -62,6 +62,16 @@ def build_parser():
     parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
     parser.add_argument("--batch_size", type=_cli.positive_int, default=64, help="images per model call")
     return parser
+
+
+def _existing(path):
+    """An argparse type: a --source that exists (said before Keras loads, not after; issue 89.5)."""
+    import argparse
+
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{path}: no such model file or model_dir (a train.py model_dir, a .keras "
+                                         "file, a SavedModel, a .tflite or a .onnx file)")
+    return path
 
 
 @dataclasses.dataclass

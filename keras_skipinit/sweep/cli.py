@@ -155,10 +155,15 @@ def parse_args(argv=None):
     if args.protocol == protocol.SURVIVAL and args.extend_grid:
         parser.error("--protocol=survival runs its grid as given: no --extend_grid")
     for depth in args.depths:  # refused before Keras loads, not at its run (6-13 s after)
-        error = spec.across_error({"model": args.model, "depth": depth, "dataset": args.dataset, "image_size": None,
+        error = spec.across_error({"model": args.model, "depth": depth, "dataset": None, "image_size": None,
                                    "channels": None})
         if error:
             parser.error(f"--depths: {error}")
+    error = None if args.report_only else spec.across_error(  # a report reads runs only: its folder may be gone
+        {"model": None, "depth": None, "dataset": args.dataset, "image_size": None, "channels": None,
+         "init_from": args.init_from})
+    if error:
+        parser.error(error)
     _chance_from_the_data(parser, args)
     if args.classes < 2:
         parser.error("--classes must be at least 2")
