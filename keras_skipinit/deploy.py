@@ -213,7 +213,7 @@ def check_output(path, fmt, overwrite):
     directory = os.path.dirname(os.path.abspath(path))
     if not path.endswith(FORMATS[fmt].suffix):
         raise ValueError(f"--output for --format={fmt} must end in {FORMATS[fmt].suffix}, got {path}")
-    existing = files.check_writable(directory, "--output's directory")
+    existing = files.check_writable(directory, "--output", path)  # named as given, not as its directory
     longest = os.path.basename(failed_path(path)) + ".check.json"  # the longest name an export writes there
     if len(longest.encode()) > os.pathconf(existing, "PC_NAME_MAX"):
         raise ValueError(f"--output's name is too long for its filesystem (the export writes {longest!r} beside it)")

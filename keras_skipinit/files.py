@@ -63,13 +63,14 @@ def new_folders(path):
         raise
 
 
-def check_writable(path, flag=None):
+def check_writable(path, flag=None, given=None):
     """A one-line ValueError, before any work, when the directory `path`
     (made if absent) cannot be written: it or its nearest existing ancestor
     is a file, or that ancestor is not writable (permissions, a read-only
-    filesystem); the line names it as `flag`=path (as path where no flag).
+    filesystem); the line names it as `flag`=path (as path where no flag;
+    `flag`=`given` where the flag named a file in `path`: the user's words).
     Returns that ancestor (`path` itself where it exists)."""
-    named = f"{flag}={path}" if flag else path
+    named = f"{flag}={path if given is None else given}" if flag else path
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)

@@ -133,7 +133,8 @@ def test_unreadable_images_are_named_and_the_others_answered(run_and_images, cap
                         ([f"--source={run}", str(tmp_path / "none.png")], "no such image file or folder"),
                         ([f"--source={run}", str(images), f"--output={broken}/a.csv"], "is a file"),
                         # root may write everywhere by access(); /proc takes no file (issue 91.22: refused at the end)
-                        ([f"--source={run}", str(images), "--output=/proc/x.csv"], "takes no new file")):
+                        ([f"--source={run}", str(images), "--output=/proc/x.csv"],
+                         "--output=/proc/x.csv cannot be written: /proc takes no new file")):
         with pytest.raises(SystemExit) as exit_:
             predict.main(argv)
         assert exit_.value.code == 2 and match in capsys.readouterr().err

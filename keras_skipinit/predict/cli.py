@@ -272,7 +272,7 @@ def main(argv=None):
         if args.output is not None:
             if os.path.isdir(args.output):
                 raise ValueError(f"--output={args.output} is a folder, not a CSV file")
-            files_lib.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output")  # made if missing
+            files_lib.check_writable(os.path.dirname(os.path.abspath(args.output)), "--output", args.output)
         source = load(args.source, args.preprocessing)
         if args.labels is not None:  # a new dict: a SavedModel's answers no longer name classes into it
             source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
