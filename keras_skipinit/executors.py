@@ -33,9 +33,12 @@ class RunFailed(RuntimeError):
 def execute(config):
     """Trains one run here; returns what the sweep records: the results dict,
     the per-epoch validation curve and the machine that ran it."""
-    from keras_skipinit import machine, run_dir, training
+    from keras_skipinit import _cli, machine, run_dir, training
 
-    result = training.train(config)
+    # Runs one after another in a process trace new functions each time: TensorFlow's retracing advice, which a
+    # sweep has no use for, came between its lines (issue 91).
+    with _cli.dropped_log_messages("triggered tf.function retracing", logger="tensorflow"):
+        result = training.train(config)
     return {"result": result, "curve": run_dir.history_column(config.model_dir, "val_top1"),
             "machine": machine.describe()}
 

@@ -1255,3 +1255,22 @@ def test_a_run_folder_held_by_another_sweep_is_said_in_the_sweeps_words(tmp_path
     assert exit_info.value.code == 2 and "--model_dir" not in line
     assert f"run skipinit depth 10 lr 2^-3 seed 0: its folder {held} (in --runs_dir={tmp_path / 'runs'}) is in use by" \
            in line and "another sweep of this --runs_dir?" in line, line
+
+
+def test_a_runs_retracing_advice_stays_out_of_the_sweeps_output(monkeypatch, caplog, tmp_path):
+    """Runs one after another in one process retrace their functions: TensorFlow's advice about it came
+    between the sweep's lines (issue 91); other warnings still come through."""
+    import logging
+
+    from keras_skipinit import executors
+
+    def train(config):
+        logging.getLogger("tensorflow").warning("5 out of the last 5 calls to <function f> triggered tf.function "
+                                                "retracing. Tracing is expensive ...")
+        logging.getLogger("tensorflow").warning("something else")
+        return {"status": "completed"}
+
+    monkeypatch.setattr(training, "train", train)
+    with caplog.at_level(logging.WARNING):
+        executors.execute(types.SimpleNamespace(model_dir=str(tmp_path)))
+    assert [r.getMessage() for r in caplog.records if r.name == "tensorflow"] == ["something else"]
