@@ -15,6 +15,17 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def _startup_module():
+    """The package's `_startup`, loaded from its file: importing the package would import Keras first."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "_startup.py")
+    spec = importlib.util.spec_from_file_location("_keras_skipinit_startup", path)
+    startup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(startup)
+    return startup
+
+
 def _stderr_to_devnull():
     """TensorFlow 2.21 writes start-up lines from C++ (absl, before
     TF_CPP_MIN_LOG_LEVEL applies) to file descriptor 2 on import. Under
@@ -22,30 +33,26 @@ def _stderr_to_devnull():
     the run would not end on pytest's closing line: keep them out, with the
     package's own capture (`_startup.filtered_stderr`, every line dropped),
     loaded from its file: importing the package would import Keras first."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "_startup.py")
-    spec = importlib.util.spec_from_file_location("_keras_skipinit_startup", path)
-    startup = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(startup)
-    return startup.filtered_stderr(lambda line: True)
+    return _startup_module().filtered_stderr(lambda line: True)
 
 
 # Set by pytest_configure in every process that runs tests (not in pytest-xdist's
 # controller, which only schedules them: it skips TensorFlow's start).
 BACKEND = None
-tf_only = None
+# The backend Keras will load, read as Keras reads it, without loading it: a marker everywhere, the xdist
+# controller's collection too (it was None there: `pytest --collect-only` failed in 5 modules; issue 88.9).
+tf_only = pytest.mark.skipif(_startup_module().requested_backend() != "tensorflow",
+                             reason="needs TensorFlow (tf.function, tf.distribute, tf.data)")
 
 
 def _start_keras():
-    global BACKEND, tf_only
+    global BACKEND
     with _stderr_to_devnull():
         import keras
 
         if keras.backend.backend() == "tensorflow":
             import tensorflow  # noqa: F401
     BACKEND = keras.backend.backend()
-    tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="needs TensorFlow (tf.function, tf.distribute, tf.data)")
     if BACKEND == "tensorflow":
         import tensorflow as tf
 
