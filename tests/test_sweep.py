@@ -1274,3 +1274,14 @@ def test_a_runs_retracing_advice_stays_out_of_the_sweeps_output(monkeypatch, cap
     with caplog.at_level(logging.WARNING):
         executors.execute(types.SimpleNamespace(model_dir=str(tmp_path)))
     assert [r.getMessage() for r in caplog.records if r.name == "tensorflow"] == ["something else"]
+
+
+def test_presets_copied_without_out_do_not_collide():
+    """Two preset sweeps copied from the README without --out both wrote runs/sweep, and the second was
+    refused ("holds runs of another experiment"; issue 89.1): each preset's default folder is its own."""
+    from keras_skipinit.sweep import cli as sweep_cli
+
+    first, second = (sweep_cli.parse_args([f"--preset={name}", "--dry_run"]) for name in ("fixup_fig3", "survival"))
+    assert (first.out, first.runs_dir) == (os.path.join("runs", "fixup_fig3"), os.path.join("runs", "sweeps", "fixup_fig3"))
+    assert (second.out, second.runs_dir) == (os.path.join("runs", "survival"), os.path.join("runs", "sweeps", "survival"))
+    assert sweep_cli.parse_args(["--dry_run"]).out == os.path.join("runs", "sweep")

@@ -109,7 +109,8 @@ def build_parser():
                         help="converged protocol: method=k,... skips that method's selection and runs its final seeds at 2^k")
     parser.add_argument("--mixed_precision", choices=("none", "float16", "bfloat16", "auto"), default="none",
                         help="auto: bfloat16 on a CPU with bfloat16 instructions, else float32 (none)")
-    parser.add_argument("--out", default="runs/sweep", help="runs.jsonl, table.md, summary.json, sweep.png")
+    parser.add_argument("--out", default=None, help="runs.jsonl, table.md, summary.json, sweep.png (default: "
+                        "runs/<--preset>, else runs/sweep: two presets copied without --out do not collide)")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
     parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
     parser.add_argument("--dry_run", action="store_true",
@@ -196,6 +197,7 @@ def parse_args(argv=None):
     if (args.extend_grid or args.protocol == protocol.EDGE) and any(
             abs(math.log2(lr) - round(math.log2(lr))) > 1e-9 for lr in args.lrs):
         parser.error("--extend_grid and --protocol=edge need a log2 grid (--log2_lrs)")
+    args.out = args.out or os.path.join("runs", args.preset or "sweep")  # issue 89.1: presets collided in runs/sweep
     args.runs_dir = args.runs_dir or os.path.join("runs", "sweeps", os.path.basename(os.path.normpath(args.out)))
     # Ray workers may run elsewhere (on storage every node reads), child processes start anew: absolute paths
     if args.executor != "sequential":
