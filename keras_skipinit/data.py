@@ -87,6 +87,20 @@ def as_tf_data(split):
     return tf.data.Dataset.range(len(split)).map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+def described(dataset):
+    """One line saying what a run read from a folder of images: the images of
+    each split, the classes, the size and channels they are read at, and
+    whether they are held in memory (a folder run said nothing of what it
+    had found; issue 89.6)."""
+    names = ", ".join(map(str, dataset.label_names[:5])) + (
+        f", ... {len(dataset.label_names) - 5} more" if len(dataset.label_names) > 5 else "")
+    height, width, channels = dataset.raw_shape
+    return (f"{dataset.name}: {dataset.num_train} training and {dataset.num_test} {dataset.eval_split} images, "
+            f"{dataset.num_classes} classes ({names}), read at {height}x{width}, {channels} channel"
+            f"{'s' if channels > 1 else ''}, {'in memory' if dataset.in_memory else 'streamed from the files'}; "
+            f"preprocessing {dataset.preprocessing}")
+
+
 @contextlib.contextmanager
 def feed_errors():
     """A ValueError raised where tf.data reads a streamed example (`as_tf_data`:

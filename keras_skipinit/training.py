@@ -165,6 +165,8 @@ def _set_up_data(run):
     if run.chief:
         run_dir.check_same_data(config.model_dir, dataset)
     run.dataset = dataset = _continued(run, dataset)
+    if run.chief and data_lib.image_folder.looks_like_folder(config.dataset):
+        print(data_lib.described(dataset), flush=True)
     if data_lib.numpy_feed(dataset):
         distribute.feed_shards_itself(strategy)
     run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way

@@ -274,7 +274,7 @@ def test_skipping_bad_images_that_empties_a_class_is_refused(tmp_path, monkeypat
             data_lib.load(str(root), folder=dict(skip_bad=True))
 
 
-def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path):
+def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path, capsys):
     """Three epochs of WRN-10-1 with BatchNorm (momentum 0.9, lr 0.1) on 300
     training images of three digits, in every format and mode above. Seeds
     0-3 (training images in the folder's fixed shuffled order): test top-1
@@ -285,6 +285,9 @@ def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path):
                              batch_size=16, learning_rate=0.1, model_dir=str(tmp_path / "run"), verbose=0)
     results = training.train(config)
     assert results["status"] == "completed" and results["num_test"] == 90
+    # The run says what it read (issue 89.6: nothing before)
+    assert (f"{root}: 300 training and 90 test images, 3 classes (one, seven, zero), read at 32x32, 1 channel, in "
+            "memory; preprocessing standardize") in capsys.readouterr().out
     assert results["test_top1"] > 0.6, results
     spec = json.load(open(tmp_path / "run" / "model_spec.json"))
     assert spec["labels"] == ["one", "seven", "zero"]
