@@ -217,9 +217,37 @@ def load_into(model, path, rebuild, labels=None, keras_application=None):
         matched = "" if order == list(range(source.output_shape[-1])) else (
             f", its {len(order)} classes matched by name among the {source.output_shape[-1]} there")
         return f"Started from {description}: {len(body)} layers and the classifier{matched}.{unchecked}"
+    shared = [name for name in (labels or ()) if name in (their_labels or ())]
+    if head and shared and _copy_shared_columns(head, theirs, list(their_labels), list(labels), shared):
+        return (f"Started from {description}: {len(body)} layers and the classifier's columns of the "
+                f"{len(shared)} classes both have ({_names(shared)}); the other {len(labels) - len(shared)} "
+                f"re-initialized ({_names([n for n in labels if n not in shared])}).{unchecked}")
     other = (f"other classes: {_names(their_labels)} there; {_names(labels)} here" if their_labels and labels
              else f"{source.output_shape[-1]} classes there, {model.output_shape[-1]} here")
     return f"Started from {description}: {len(body)} layers; the classifier re-initialized ({other}).{unchecked}"
+
+
+def _copy_shared_columns(head, theirs, their_labels, labels, shared):
+    """Copies the classifier's columns of the classes both sides name (a
+    partial overlap re-initialized the whole classifier; issue 89.6), the
+    others keeping their new initialization; the head's other layers
+    (Fixup's scalar bias) are copied where they fit. False where the
+    classifier's shapes do not allow it (nothing copied then)."""
+    classifier = next((layer for layer in head if layer.name == HEAD[0]), None)
+    if classifier is None or HEAD[0] not in theirs:
+        return False
+    mine = classifier.get_weights()
+    if [w.shape[:-1] for w in theirs[HEAD[0]]] != [w.shape[:-1] for w in mine]:
+        return False
+    for name in shared:
+        for new, old in zip(mine, theirs[HEAD[0]]):
+            new[..., labels.index(name)] = old[..., their_labels.index(name)]
+    classifier.set_weights(mine)
+    for layer in head:
+        if layer is not classifier and layer.name in theirs and \
+                [w.shape for w in theirs[layer.name]] == [w.shape for w in layer.get_weights()]:
+            layer.set_weights(theirs[layer.name])
+    return True
 
 
 def _head_weights(layer, theirs, order):

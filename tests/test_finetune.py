@@ -71,6 +71,16 @@ def test_the_classifier_follows_the_class_names(source_and_folder, tmp_path, cap
     assert not np.allclose(weights(tuned)["predictions"][0], theirs["predictions"][0], atol=1e-3)
     assert ("the classifier re-initialized (other classes: 0, 1, 2, 3, ... 6 more there; c0, c1, c2, c3, ... 6 more "
             "here)") in capsys.readouterr().out
+    # Partly the same classes: the shared classes' columns are copied, the others new (the whole classifier was
+    # re-initialized; issue 89.6), and the line says which.
+    partly = write_folder(tmp_path / "partly_images", per_class=(16, 4), classes={"1": 1, "7": 7, "new": 3})
+    _, tuned = tune(tmp_path, source, partly, "partly", learning_rate=1e-9)
+    head = weights(tuned)["predictions"]  # columns: "1", "7", "new" (sorted folder names)
+    np.testing.assert_allclose(head[0][:, :2], theirs["predictions"][0][:, [1, 7]], atol=1e-6)
+    np.testing.assert_allclose(head[1][:2], theirs["predictions"][1][[1, 7]], atol=1e-6)
+    assert not np.allclose(head[0][:, 2], theirs["predictions"][0][:, 3], atol=1e-3)
+    assert ("the classifier's columns of the 2 classes both have (1, 7); the other 1 re-initialized (new)"
+            in capsys.readouterr().out)
 
 
 def test_a_start_on_other_preprocessing_says_so(source_and_folder, tmp_path, capsys):
