@@ -176,6 +176,19 @@ def test_answers_stream_and_ctrl_c_keeps_those_given(run_and_images, capsys, tmp
         assert [row[0] for row in list(csv.reader(f))[1:]] == [line.split("\t")[0] for line in out.splitlines()]
 
 
+def test_progress_on_a_terminal_is_cleared_before_each_answer(run_and_images, capsys, monkeypatch):
+    """On a terminal the answers ran into the progress line ("64/100 imagesmy_images/..."; issue 89.6): each
+    progress line is cleared (carriage return, erase line) before the answers that follow it."""
+    import sys
+
+    run, images = run_and_images
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert predict.main([f"--source={run}", str(images), "--batch_size=16"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 40
+    assert err.count("\r\x1b[K") == 2 and err.endswith("\r40/40 images\n"), repr(err)  # after 16 and 32
+
+
 def test_a_path_that_would_split_its_line_is_written_as_a_json_string(run_and_images, capsys, tmp_path, monkeypatch):
     """One line per image, and each path read back: a tab, a line break or a
     leading double quote would make a name two fields, two lines or ambiguous."""

@@ -260,8 +260,22 @@ def _field(text):
     return json.dumps(text, ensure_ascii=False) if text.startswith('"') or any(c in text for c in "\t\n\r") else text
 
 
-def _progress(done, total):
-    print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
+class _Progress:
+    """"done/total images" on stderr's last line, cleared before an answer
+    line is printed (on a terminal the answers ran into it: "64/100
+    imagesmy_images/...", issue 89.6)."""
+
+    def __init__(self):
+        self.shown = False
+
+    def __call__(self, done, total):
+        print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        self.shown = done < total
+
+    def clear(self):
+        if self.shown:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+            self.shown = False
 
 
 def main(argv=None):
@@ -278,12 +292,14 @@ def main(argv=None):
             source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
     except ValueError as e:
         _cli.refuse(NAME, str(e))
-    progress = _progress if sys.stderr.isatty() and len(files) > args.batch_size else None
+    progress = _Progress() if sys.stderr.isatty() and len(files) > args.batch_size else None
     rows, unreadable, interrupted = [], 0, False
     # SIGTERM (a job's time limit, `kill`) as Ctrl-C: the answers so far go to --output too (issue 91.12)
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         for file, ranked in predict(source, files, args.top_k, args.batch_size, progress):
+            if progress:
+                progress.clear()
             if ranked is None:
                 unreadable += 1
                 print(f"{NAME}: {file}: not a readable image (or not one PIL decodes, or 32-bit pixels)", file=sys.stderr)
