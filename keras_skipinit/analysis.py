@@ -290,7 +290,8 @@ def write_function_change(results, out_dir, title):
                                                                         if np.isnan(values).any() else ""))
     depths = sorted({d for rows in results.values() for d in rows})
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    if any(v is not None and math.isfinite(v) and v > 0 for rows in results.values() for v in rows.values()):
+        ax.set_yscale("log")  # with nothing finite to draw (a net that overflows, so far) a log axis is a traceback
     ax.minorticks_off()
     ax.set_xticks(depths, [str(d) for d in depths])
     ax.set_xlabel("depth")
@@ -416,8 +417,12 @@ def _function_change_cli(args, parser):
                 with _cli.dropped_log_messages("triggered tf.function retracing", logger="tensorflow"):  # a new model each
                     results[name][depth] = function_change(model, x, y, args.lr)
                 path = write_function_change({k: rows for k, rows in results.items() if rows}, args.out, title)
-                print(f"{name} depth {depth}: ||f(theta - lr g) - f(theta)|| / lr = {results[name][depth]:.4g} "
-                      f"(logits per unit learning rate, RMS over {len(x)} images)", flush=True)
+                change = results[name][depth]
+                print(f"{name} depth {depth}: ||f(theta - lr g) - f(theta)|| / lr = {change:.4g} "
+                      f"(logits per unit learning rate, RMS over {len(x)} images)" + (
+                          "" if math.isfinite(change) else ": not finite, the logits or the step overflow float32 "
+                          "at init (no normalization keeps the signal's growth in check: null in the JSON, left out "
+                          "of the plot)"), flush=True)
                 keras.backend.clear_session()
     print(f"wrote {path}, function_change.json")
 

@@ -209,6 +209,17 @@ def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
     assert (tmp_path / "function_change.png").stat().st_size > 5000
 
 
+def test_a_function_change_that_overflows_is_explained(tmp_path, monkeypatch, capsys):
+    """Without normalization the deep nets' logits overflow at init: the line said "nan" unexplained (issue
+    89.6); it says why, and the JSON holds null."""
+    monkeypatch.setattr(analysis, "function_change", lambda model, x, y, lr: float("nan"))
+    analysis.main(["--function_change", "--depths=10", "--normalizations=none", "--batch_size=8", f"--out={tmp_path}"])
+    (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith("none depth 10")]
+    assert line.endswith(": not finite, the logits or the step overflow float32 at init (no normalization keeps the "
+                         "signal's growth in check: null in the JSON, left out of the plot)"), line
+    assert json.load(open(tmp_path / "function_change.json")) == {"none": {"10": None}}
+
+
 @pytest.mark.parametrize("argv,line", [
     (["--function_change", "--depths=16,x"], "argument --depths: expected positive integers separated by commas"),
     (["--depths=16,100"], "--depths and --lr are read with --function_change only"),  # was ignored: ran --depth=100
