@@ -212,8 +212,8 @@ def test_cli_errors_are_one_line(tmp_path):
     apps.WideResNet(10, 1, input_shape=(28, 28, 1), seed=0).save(small)
     cases = [(["--source=/nonexistent.keras", f"--base_path={tmp_path}"], "no such model"),
              ([f"--source={corrupt}", f"--base_path={tmp_path}"], "not a .keras file"),
-             (["--source=/nonexistent", f"--base_path={serving_dir}", "--model_name=.."], "one path component"),
-             (["--source=/nonexistent", f"--base_path={serving_dir}", "--model_name="], "one path component"),
+             ([f"--source={small}", f"--base_path={serving_dir}", "--model_name=.."], "one path component"),
+             ([f"--source={small}", f"--base_path={serving_dir}", "--model_name="], "one path component"),
              # issue 46.3: a model without a classifier head, ImageNet preprocessing on a 28x28 model, a flag
              # of the other kind of export (each was a traceback after the work, or silently ignored)
              ([f"--source={headless}", f"--base_path={serving_dir}", "--preprocessing=standardize"],

@@ -356,6 +356,7 @@ BAD_FLAGS = [("--model=vgg", "model"), ("--learning_rate=-1", "learning_rate"), 
              ("--seed=-5", "seed"), ("--steps_per_epoch=10000000000000", "steps_per_epoch"),
              # before Keras loads, where they came 6-13 s after; --image_size was ignored but recorded (issue 91)
              ("--depth=17", "WideResNet depth must be 6k+4"),
+             ("--model_dir=", "model_dir is empty (an unset shell variable?)"),
              ("--image_size=40", "--image_size is read for a folder --dataset only; mnist_embedded has its own")]
 
 
