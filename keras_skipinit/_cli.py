@@ -118,37 +118,30 @@ class ArgumentParser(argparse.ArgumentParser):
         refuse(self.prog, f"{message} (--help lists the flags)")
 
 
+def _number(text, convert, fits, expected):
+    """An argparse type's value: `convert(text)` where `fits` it, else one line saying what was expected."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not fits(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
 def positive_int(text):
     """An argparse type: a whole number >= 1, else one line saying so."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_int(text):
     """An argparse type: a whole number >= 0 (a seed: NumPy refuses negative ones, late, as a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v >= 0, "a whole number >= 0")
 
 
 def positive_finite(text):
     """An argparse type: a finite number > 0 (a learning rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _number(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 def numbers(convert, text, expected):
