@@ -152,7 +152,7 @@ class Config:
     model: str = setting("wrn", "Architecture: " + "; ".join(f"{n}: {a.title}" for n, a in ARCHITECTURES.items()) + ".",
                          choices=MODELS, experiment=True)
     depth: int = setting(16, "Depth; " + "; ".join(f"{n}: {a.depths}" for n, a in ARCHITECTURES.items()) + ".")
-    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", experiment=True)
+    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", lower=1, experiment=True)
     normalization: str = setting("skipinit", "How residual blocks are normalized.", choices=norm_lib.METHODS)
     alpha_init: str | float | None = setting(None, _method_option("alpha_init"), choices=norm_lib.ALPHA_INIT_NAMES,
                                              check="float_or")

@@ -106,6 +106,13 @@ def test_dry_run_lists_the_runs_a_sweep_would_start_and_runs_and_writes_nothing(
     assert lines[1:5] == [f"  {m} depth 10 lr 2^{k} seed 2" for m in ("skipinit", "batchnorm") for k in (-4, -3)]
     assert lines[5] == "the 4 starting now: about 4 s of one process at their cells' median recorded run time"
     assert calls == [] and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # Recorded runs at rates outside the grid asked for are counted as what they are (issue 91: counted as the
+    # sweep's without a word); its tables use them.
+    sweep.main([*args[:2], "--log2_lrs=-3", *args[3:], "--seeds=2", "--dry_run"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("8 runs of this sweep's cells recorded in ") and first.endswith(
+        "runs.jsonl (4 at rates outside its first grid: its extensions, or runs copied in; its tables use them); "
+        "0 would start now, 0 left as far as known now (the sweep is complete)"), first
 
 
 def test_dry_run_names_a_run_another_process_trains_and_counts_its_epochs_done(tmp_path, monkeypatch, capsys):

@@ -247,7 +247,11 @@ def plan(settings):
     pending, left = protocol.pending_runs(settings, done), protocol.runs_left(settings, done)
     progress = {run: _progress(config(settings, run)) for run in pending}
     running = sum(bool(progress[run].holder) for run in pending)
-    lines = [f"{len(recorded)} runs of this sweep recorded in {path}; {len(pending)} would start now"
+    first = {cell: {protocol.lr_key(lr) for lr in protocol.base_lrs(settings, cell[0], cell[2])} for cell in cells}
+    outside = sum(protocol.lr_key(ident[3]) not in first[ident[:3]] for ident in done if ident[:3] in cells)
+    lines = [f"{len(recorded)} runs of this sweep's cells recorded in {path}"
+             + (f" ({outside} at rates outside its first grid: its extensions, or runs copied in; its tables use "
+                "them)" if outside else "") + f"; {len(pending)} would start now"
              + (f" ({running} of them running now in another process)" if running else "")
              + f", {left} left as far as known now" + (":" if pending else " (the sweep is complete)")]
     lines += [f"  {run_label(run, settings)}" + (f" ({progress[run].note})" if progress[run].note else "") for run in pending]
