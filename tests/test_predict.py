@@ -257,22 +257,58 @@ def test_a_saved_model_names_every_class_not_only_its_served_top_k(run_and_image
     assert status == 0 and all(label in names for label in line[1::2]) and len(line) == 7
 
 
+def _imagenet_model_and_pictures(tmp_path):
+    """An ImageNet-style model (224x224 RGB), saved as m.keras, and 0..2.png: large non-square pictures whose
+    crop matters (a bright block off centre on a gradient)."""
+    from keras_skipinit.applications import WideResNet
+
+    model = WideResNet(10, 1, input_shape=(224, 224, 3), classes=5, normalization="skipinit", alpha_init="one", seed=0)
+    run_dir.save_model(model, str(tmp_path / "m.keras"), "imagenet")
+    rows, cols = np.mgrid[:300, :260]
+    for i in range(3):
+        image = np.stack([(rows * (i + 1)) % 256, (cols * 2) % 256, np.full_like(rows, 40 * i)], -1)
+        image[20 + 30 * i : 120 + 30 * i, 150:250] = 255
+        Image.fromarray(image.astype(np.uint8)).save(tmp_path / f"{i}.png")
+    return model
+
+
+@tf_only
+@pytest.mark.heavy
+def test_litert_and_onnx_files_of_an_imagenet_model_answer_as_its_keras_file(tmp_path, capsys):
+    """Its LiteRT and ONNX files take the 224 crop from the app: predict resizes to 256 and crops the centre
+    224 as the run does (it resized straight to 224, another crop: other answers; issue 91.2)."""
+    for module in ("ai_edge_litert", "onnxruntime", "tf2onnx"):
+        require_module(module, 'pip install -e ".[export]"')
+    from keras_skipinit import deploy, image_folder
+
+    model = _imagenet_model_and_pictures(tmp_path)
+    pictures = [tmp_path / f"{i}.png" for i in range(3)]
+    status, lines = answers(capsys, f"--source={tmp_path / 'm.keras'}", "--top_k=5", *pictures)
+    assert status == 0
+    labels_run, scores_run = [line[1::2] for line in lines], [[float(v) for v in line[2::2]] for line in lines]
+    crops = np.stack([image_folder.decode(p, "RGB", 256, 224) for p in pictures])
+    for fmt in ("litert", "onnx"):
+        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), "imagenet",
+                                  check_on=(crops, None))
+        for record in (True, False):  # by the export's check record, and by size where a file comes alone
+            if record:
+                assert json.load(open(path + ".check.json"))["preprocessing"] == "imagenet"
+            else:
+                os.remove(path + ".check.json")
+            status, lines = answers(capsys, f"--source={path}", "--top_k=5", *pictures)
+            assert status == 0 and [line[1::2] for line in lines] == labels_run, (fmt, record)
+            np.testing.assert_allclose([[float(v) for v in line[2::2]] for line in lines], scores_run, atol=2e-4)
+
+
 @tf_only
 @pytest.mark.heavy
 def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size(tmp_path, capsys):
     """A SavedModel that resizes and crops itself (ImageNet preprocessing) answers what its .keras file
     answers on the same large, non-square images: its crop is the run's, not a crop of predict's crop."""
     from keras_skipinit import serving
-    from keras_skipinit.applications import WideResNet
 
-    model = WideResNet(10, 1, input_shape=(224, 224, 3), classes=5, normalization="skipinit", alpha_init="one", seed=0)
-    run_dir.save_model(model, str(tmp_path / "m.keras"), "imagenet")
+    model = _imagenet_model_and_pictures(tmp_path)
     saved = serving.export(model, str(tmp_path / "serving"), "m", preprocessing="imagenet")
-    rows, cols = np.mgrid[:300, :260]
-    for i in range(3):  # a bright block off centre on a gradient: a picture whose crop matters
-        image = np.stack([(rows * (i + 1)) % 256, (cols * 2) % 256, np.full_like(rows, 40 * i)], -1)
-        image[20 + 30 * i : 120 + 30 * i, 150:250] = 255
-        Image.fromarray(image.astype(np.uint8)).save(tmp_path / f"{i}.png")
     got = {}
     for source in (tmp_path / "m.keras", saved):
         status, lines = answers(capsys, f"--source={source}", "--top_k=5", tmp_path / "0.png", tmp_path / "1.png",
@@ -282,26 +318,6 @@ def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size
     (labels, scores), (labels_run, scores_run) = got[saved], got[tmp_path / "m.keras"]
     assert labels == labels_run
     np.testing.assert_allclose(scores, scores_run, atol=2e-5)
-    # Its LiteRT and ONNX files take the 224 crop from the app: predict resizes to 256 and crops as the run does
-    # (it resized straight to 224, another crop: other answers; issue 91.2). Where the export runtimes are there.
-    from importlib.util import find_spec
-
-    if not all(find_spec(m) for m in ("ai_edge_litert", "onnxruntime", "tf2onnx")):
-        return
-    from keras_skipinit import deploy, image_folder
-
-    crops = np.stack([image_folder.decode(tmp_path / f"{i}.png", "RGB", 256, 224) for i in range(3)])
-    for fmt in ("litert", "onnx"):
-        path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), "imagenet",
-                                  check_on=(crops, None))
-        for record in (True, False):  # by the export's check record, and by size where a file comes alone
-            if record:
-                assert json.load(open(path + ".check.json"))["preprocessing"] == "imagenet"
-            else:
-                os.remove(path + ".check.json")
-            status, lines = answers(capsys, f"--source={path}", "--top_k=5", *(tmp_path / f"{i}.png" for i in range(3)))
-            assert status == 0 and [line[1::2] for line in lines] == labels_run, (fmt, record)
-            np.testing.assert_allclose([[float(v) for v in line[2::2]] for line in lines], scores_run, atol=2e-4)
 
 
 @tf_only
