@@ -1,4 +1,5 @@
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -1292,3 +1293,30 @@ def test_presets_copied_without_out_do_not_collide():
     assert (first.out, first.runs_dir) == (os.path.join("runs", "fixup_fig3"), os.path.join("runs", "sweeps", "fixup_fig3"))
     assert (second.out, second.runs_dir) == (os.path.join("runs", "survival"), os.path.join("runs", "sweeps", "survival"))
     assert sweep_cli.parse_args(["--dry_run"]).out == os.path.join("runs", "sweep")
+
+
+def _committed_sweeps():
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "docs", "**", "summary.json"), recursive=True)
+                  if "command" in json.load(open(p)))
+
+
+@pytest.mark.heavy
+def test_every_committed_table_is_what_its_runs_give(tmp_path, capsys, monkeypatch):
+    """Every number in docs/ comes from a committed file (issue 90.2): each sweep folder's table.md is what its
+    recorded command (summary.json's) writes with --report_only from its committed runs.jsonl, now."""
+    import shlex
+
+    monkeypatch.chdir(ROOT)  # the commands name other folders (--beside, --compare_to) from the clone's root
+    folders = _committed_sweeps()
+    assert len(folders) >= 20
+    differ = []
+    for i, folder in enumerate(folders):
+        copy = tmp_path / str(i)
+        shutil.copytree(folder, copy)
+        argv = [a if not a.startswith("--out=") else f"--out={copy}" for a in
+                shlex.split(json.load(open(os.path.join(folder, "summary.json")))["command"])[3:]]
+        sweep.main([*argv, "--report_only"])
+        capsys.readouterr()
+        if (copy / "table.md").read_text() != open(os.path.join(folder, "table.md")).read():
+            differ.append(os.path.relpath(folder, ROOT))
+    assert differ == [], f"table.md differs from its runs' --report_only in {differ}"
