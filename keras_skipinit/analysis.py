@@ -408,6 +408,9 @@ def _function_change_cli(args, parser):
     with _kept_on_interrupt(args.out, "function_change.*", results):
         for depth in args.depths:
             for name in names:
+                if depth >= 500:  # looped, yet ~1 min of build and step on a CPU without a line (issue 89.5)
+                    print(f"{name} depth {depth}: building and taking the step (a minute or more on a CPU)...",
+                          flush=True)
                 try:
                     model = applications.build(args.model, depth, args.width, input_shape=x.shape[1:], normalization=name,
                                                seed=args.seed, classifier_activation=None, dropout=0.0,

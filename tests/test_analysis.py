@@ -218,6 +218,14 @@ def test_a_function_change_that_overflows_is_explained(tmp_path, monkeypatch, ca
     assert line.endswith(": not finite, the logits or the step overflow float32 at init (no normalization keeps the "
                          "signal's growth in check: null in the JSON, left out of the plot)"), line
     assert json.load(open(tmp_path / "function_change.json")) == {"none": {"10": None}}
+    # A deep net says it is building before the minute it takes (issue 89.5: 57 s without a line at 1000)
+    from keras_skipinit import applications
+
+    monkeypatch.setattr(applications, "build", lambda *a, **k: None)
+    monkeypatch.setattr(analysis, "function_change", lambda model, x, y, lr: 1.0)
+    analysis.main(["--function_change", "--depths=1000", "--normalizations=fixup", "--batch_size=8", f"--out={tmp_path}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fixup depth 1000: building and taking the step (a minute or more on a CPU)...", lines
 
 
 @pytest.mark.parametrize("argv,line", [
