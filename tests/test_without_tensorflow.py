@@ -49,7 +49,8 @@ def test_tensorflow_is_absent_and_exports_refuse_in_one_line_before_any_work(tmp
                 f"--export_dir={tmp_path}/serving"])
     assert proc.returncode == 2 and "--export_dir needs TensorFlow" in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / "run")
-    proc = run(["-m", "export", f"--source={tmp_path}/run", f"--base_path={tmp_path}/serving"])
+    os.makedirs(tmp_path / "source")  # one that exists: a missing --source is refused first, by its flag
+    proc = run(["-m", "export", f"--source={tmp_path}/source", f"--base_path={tmp_path}/serving"])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert 'pip install -e ".[tensorflow]"' in proc.stderr
     proc = run(["train.py", "--dataset=cifar10", f"--model_dir={tmp_path}/run"])
