@@ -75,8 +75,11 @@ def check_writable(path, flag=None, given=None):
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise ValueError(f"{named} is a file, not a directory" if existing == os.path.abspath(path)
-                         else f"{named} cannot be made: {existing} is a file")
+        if existing != os.path.abspath(path):
+            raise ValueError(f"{named} cannot be made: {existing} is a file")
+        # where the flag named a file in `path`, say that its folder is the file
+        raise ValueError(f"{named} is a file, not a directory" if given is None else
+                         f"{named} cannot be written: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{named} cannot be written: {existing} is not writable "
                          "(permissions or a read-only filesystem)")
