@@ -77,6 +77,11 @@ def looks_like_folder(name):
     return os.path.exists(os.path.expanduser(name)) or name.startswith(("/", "./", "../", "~"))
 
 
+def missing_folder(path):
+    """The line for a folder --dataset that does not exist (`layout`'s, and train.py's flags' before Keras loads)."""
+    return f"--dataset={path}: no such folder ({LAYOUT})"
+
+
 def _class_folders(split_folder):
     return sorted(entry.name for entry in os.scandir(split_folder) if not entry.name.startswith(".") and entry.is_dir())
 
@@ -142,7 +147,7 @@ def layout(path, held_out=False):
     if not os.path.isdir(root):
         if os.path.exists(root):
             raise ValueError(f"--dataset={path} is a file, not a folder (unpack an archive first; {LAYOUT})")
-        raise ValueError(f"--dataset={path}: no such folder ({LAYOUT})")
+        raise ValueError(missing_folder(path))
     splits = _split_folders(root)
     if splits and "train" not in splits:
         raise ValueError(f"--dataset={path} has no train/ folder: images go in {path}/train/<class>/<image> and "
@@ -217,7 +222,7 @@ def decode(file, mode, size, crop=None):
             image.seek(0)  # a GIF's first frame
             if size is not None:
                 width, height = image.size
-                cover_h, cover_w = size if isinstance(size, tuple) else (size, size)
+                cover_h, cover_w = _pair(size)
                 scale = max(cover_w / width, cover_h / height)  # a square: size / the shorter side
                 new = (max(cover_w, round(width * scale)), max(cover_h, round(height * scale)))
                 image.draft(None, new)  # a JPEG decodes at 1/2, 1/4 or 1/8 scale where that is still >= new
@@ -234,11 +239,16 @@ def decode(file, mode, size, crop=None):
     if size is not None:
         if new != image.size:
             image = image.resize(new, Image.BILINEAR)
-        crop_h, crop_w = (lambda c: c if isinstance(c, tuple) else (c, c))(crop or size)
+        crop_h, crop_w = _pair(crop or size)
         left, top = (new[0] - crop_w) // 2, (new[1] - crop_h) // 2
         image = image.crop((left, top, left + crop_w, top + crop_h))
     array = np.asarray(image, np.uint8)
     return array[..., None] if array.ndim == 2 else array
+
+
+def _pair(size):
+    """(height, width) of a size `decode` takes: a square's side, or the pair itself."""
+    return size if isinstance(size, tuple) else (size, size)
 
 
 def decode_all(files, mode, size, crop=None, threads=None):

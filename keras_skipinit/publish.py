@@ -149,12 +149,11 @@ def check_labels(path, new, overwrite, suffixes):
         return
     siblings = [f for f in (stem(path) + suffix for suffix in suffixes) if f != os.path.abspath(path)
                 and os.path.exists(f)]
-    if new is None and siblings:
-        raise ValueError(f"{target} names the classes of {siblings[0]}, and this model has no class names: "
-                         "pass --labels, or export to another name")
     if siblings:  # --overwrite replaces this file, never a sibling's names: that would relabel it (issue 91.4)
-        raise ValueError(f"{target} names the classes of {siblings[0]}, other classes than this model's: export to "
-                         f"another name, or remove {siblings[0]} first (--overwrite replaces {path} only)")
+        raise ValueError(f"{target} names the classes of {siblings[0]}, " + (
+            "and this model has no class names: pass --labels, or export to another name" if new is None else
+            f"other classes than this model's: export to another name, or remove {siblings[0]} first (--overwrite "
+            f"replaces {path} only)"))
     if not overwrite:
         raise ValueError(f"{target} exists and names other classes; pass --overwrite to replace it, or export to "
                          "another name")

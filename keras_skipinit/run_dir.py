@@ -230,13 +230,18 @@ def _data_record(dataset):
     return {"num_train": dataset.num_train, "num_test": dataset.num_test}
 
 
+def _continues(model_dir):
+    """Whether model_dir holds a run that a start continues (a spec and a checkpoint)."""
+    return os.path.exists(os.path.join(model_dir, SPEC)) and bool(Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all())
+
+
 def check_same_data(model_dir, dataset):
     """Refuses to resume a run (a checkpoint exists) on data other than it
     started on: a folder given or relieved of images or classes since, a
     TFDS data_dir prepared otherwise. Compared: the example counts and the
     class names (an image replaced by another is not seen). A run recorded
     before its data was is not checked."""
-    if not os.path.exists(os.path.join(model_dir, SPEC)) or not Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all():
+    if not _continues(model_dir):
         return
     recorded = read_spec(model_dir)
     then, now = recorded.get("data"), _data_record(dataset)
@@ -275,7 +280,7 @@ def continued_preprocessing(model_dir, dataset):
     computed from its training images at each start, and an image replaced
     since gave a continuation other statistics than its first epochs
     (issue 91.8). Returns (dataset, a note where they differ, else None)."""
-    if not os.path.exists(os.path.join(model_dir, SPEC)) or not Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all():
+    if not _continues(model_dir):
         return dataset, None
     recorded = read_spec(model_dir).get("preprocessing")
     if recorded is None or recorded == dataset.preprocessing:

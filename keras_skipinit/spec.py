@@ -340,7 +340,7 @@ def across_error(values):
     dataset = values["dataset"]
     if isinstance(dataset, str) and image_folder.looks_like_folder(dataset) and not os.path.exists(
             os.path.expanduser(dataset)):  # said in under a second, not after Keras loads (issue 89.5)
-        return f"--dataset={dataset}: no such folder ({image_folder.LAYOUT})"
+        return image_folder.missing_folder(dataset)
     source = values.get("init_from")
     if isinstance(source, str) and source.strip() and source != IMAGENET_WEIGHTS and not os.path.exists(source):
         return f"--init_from={source}: no such train.py model_dir, .keras or .weights.h5 file"
