@@ -1,4 +1,5 @@
-"""Plumbing shared by the two commands (train_cli, export_cli)."""
+"""The command layer's plumbing: every entry point's start (`start`), absl's
+flags for train.py and export, argparse for the others, one wording of errors."""
 
 import argparse
 import contextlib
@@ -35,25 +36,35 @@ LIBRARY_FLAGS = ("delta_threshold", "hbm_oom_exit", "op_conversion_fallback_to_w
                  "test_srcdir", "test_tmpdir", "xml_output_file")
 
 
-def preparse(command, argv=None):
+def start(program, command=None, training=False, keras=True):
+    """An entry point's first step (train.py, `python -m ...`, the console
+    scripts), before anything imports Keras: the backend checked
+    (`_startup.check_backend`); --help and bad flags answered by `command`'s flags
+    (`preparse`: an absl command's module, or "module:function" making an
+    argparse parser; none of them imports Keras); then, with `keras`, Keras
+    loaded by `_startup.load_keras`. Only entry points call it: importing the package
+    reads no command line (issue 88.1)."""
+    _startup.check_backend(program, training)
+    if command:
+        preparse(command, program)
+    if keras:
+        _startup.load_keras()
+
+
+def preparse(command, program_name, argv=None):
     """Help, or a one-line refusal with exit status 2, for this process's
-    command line before Keras loads (`command`: `_startup.flag_command()`'s
-    module, which imports no Keras): the package's `__init__` calls it. The
-    flags are the live ones (train.py's from `spec.Config`), so nothing can
-    go stale; the live parse after the import repeats this one. Returns when
-    the flags parse."""
+    command line before Keras loads (`command`: an absl command's module, or
+    "module:function" making an argparse parser; none of them imports Keras):
+    `start` calls it. The flags are the live ones (train.py's from
+    `spec.Config`), so nothing can go stale; the live parse after the import
+    repeats this one. Returns when the flags parse."""
     argv = list(sys.argv if argv is None else argv)
     module_name, _, parser = command.partition(":")
     module = importlib.import_module(module_name)
     if parser:  # argparse (the sweep, analysis, quantization): its own parse
         getattr(module, parser)().parse_args(argv[1:])
         return
-    if argv[0] == "-m":  # runpy imports the package before it sets argv[0] to the module's file
-        name = _startup._invocation()[1]
-        name = "export" if name == "export" else name.rsplit(".", 1)[-1] + ".py"
-    else:
-        name = program("export" if command.endswith("export_cli") else "train.py")
-    parse_flags(argv, module.USAGE, module, name, known_only=True)
+    parse_flags(argv, module.USAGE, module, program_name, known_only=True)
 
 
 def parse_flags(argv, usage, module, program_name, known_only=False):

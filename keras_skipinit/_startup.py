@@ -1,5 +1,7 @@
-"""A quiet start for our commands (train.py, python -m export, the sweep,
-the console scripts, the scripts in benchmarks/).
+"""How our commands start (train.py, python -m export, the sweep, the
+console scripts, the scripts in benchmarks/): `_cli.start`, called by each
+entry point and by nothing the package imports, answers --help and bad
+flags before Keras loads, then loads it quietly (`load_keras`).
 
 TensorFlow prints C++ start-up lines on import and on the first device
 query, before its logging reads TF_CPP_MIN_LOG_LEVEL: "All log messages
@@ -29,18 +31,6 @@ _NOISE = re.compile(
 )
 
 
-def _invocation():
-    """How this process was started: ("module", name, "") for `python -m
-    name`, else ("script", file name, name of its folder)."""
-    argv = getattr(sys, "orig_argv", [])
-    if "-m" in argv[:-1]:
-        return "module", argv[argv.index("-m") + 1], ""
-    script = sys.argv[0] if sys.argv else ""
-    folder = os.path.basename(os.path.dirname(os.path.abspath(script))) if script else ""
-    return "script", os.path.basename(script), folder
-
-
-QUIET_START_ENV = "KERAS_SKIPINIT_QUIET_START"  # set by the sweep for its Ray workers
 LOG_LEVEL_SET_ENV = "KERAS_SKIPINIT_SET_TF_LOG_LEVEL"  # quiet_start set TF_CPP_MIN_LOG_LEVEL, not the user
 
 
@@ -53,42 +43,6 @@ def installed(module):
     """Whether `module` can be imported here (without importing it): the one
     test of "is TensorFlow (TFDS, JAX, ...) installed" the package asks."""
     return importlib.util.find_spec(module) is not None
-
-
-def our_command():
-    """Whether this process runs one of our commands (or a sweep's Ray
-    worker), not a user's program that imports the package."""
-    if os.environ.get(QUIET_START_ENV) == "1":
-        return True
-    kind, name, folder = _invocation()
-    if kind == "module":
-        return name == "export" or name.startswith("keras_skipinit")
-    return name == "train.py" or name.startswith("keras-skipinit-") or (folder == "benchmarks" and name.endswith(".py"))
-
-
-COMMANDS = {"train.py": "keras_skipinit.train_cli", "keras-skipinit-train": "keras_skipinit.train_cli",
-            "keras-skipinit-export": "keras_skipinit.export_cli", "export": "keras_skipinit.export_cli",
-            "keras_skipinit.train_cli": "keras_skipinit.train_cli", "keras_skipinit.export_cli": "keras_skipinit.export_cli",
-            "keras_skipinit.sweep": "keras_skipinit.sweep.cli:checked_parser",
-            "keras_skipinit.analysis": "keras_skipinit.analysis_flags:build_parser",
-            "keras_skipinit.sweep.quantization": "keras_skipinit.sweep.cli:quantization_parser",
-            "keras_skipinit.predict": "keras_skipinit.predict.cli:build_parser",
-            "keras-skipinit-predict": "keras_skipinit.predict.cli:build_parser"}
-
-
-def flag_command():
-    """What this process's command line is parsed against before Keras loads
-    (`_cli.preparse`; none of it imports Keras), or None: an absl command's
-    module, or an argparse command's "module:function" making its parser."""
-    kind, name, _ = _invocation()
-    if kind == "script" and name == "export":
-        return None  # `python -m export` only
-    return COMMANDS.get(name)
-
-
-def _training_command():
-    """train.py and the sweep (export re-runs itself on TensorFlow)."""
-    return flag_command() == COMMANDS["train.py"] or _invocation()[:2] == ("module", "keras_skipinit.sweep")
 
 
 def requested_backend():
@@ -126,16 +80,24 @@ def missing_backend():
             f"which is not installed: {how}{other}")
 
 
-def check_backend():
+def check_backend(program, training):
     """For our commands, before Keras loads: a backend the training commands
-    do not run on, or one whose package is not installed, is one line and
-    exit status 2."""
+    (`training`) do not run on, or one whose package is not installed, is one
+    line and exit status 2."""
     backend = requested_backend()
-    error = backend_error(backend) if _training_command() and backend not in TRAINING_BACKENDS else missing_backend()
+    error = backend_error(backend) if training and backend not in TRAINING_BACKENDS else missing_backend()
     if error:
-        kind, name, _ = _invocation()
-        print(f"{'python -m ' if kind == 'module' else ''}{name}: error: {error}", file=sys.stderr)
+        print(f"{program}: error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def load_keras(stream=None):
+    """Says that Keras loads (seconds; on stdout unless `stream`), then
+    `quiet_start`; nothing where it is loaded already."""
+    if "keras" not in sys.modules:
+        print(f"Loading Keras on {requested_backend()} (seconds; a minute on a busy machine)...", flush=True,
+              file=stream or sys.stdout)
+    quiet_start()
 
 
 def is_noise(line):
@@ -164,13 +126,16 @@ def filtered_stderr(drop):
 
 def quiet_start():
     """Imports Keras and TensorFlow (on JAX too, where installed) and its
-    device list, with TensorFlow's start-up lines filtered from stderr (unless
-    TF_CPP_MIN_LOG_LEVEL is set, or Keras is already imported)."""
-    if log_level_is_users() or "keras" in sys.modules:
+    device list, with TensorFlow's start-up lines filtered from stderr
+    (unless TF_CPP_MIN_LOG_LEVEL is the user's: then all of them shown);
+    nothing where Keras is already imported."""
+    if "keras" in sys.modules:
         return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    os.environ[LOG_LEVEL_SET_ENV] = "1"  # not the user's: child processes (Ray workers) filter for themselves
-    with filtered_stderr(is_noise):
+    users = log_level_is_users()
+    if not users:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        os.environ[LOG_LEVEL_SET_ENV] = "1"  # not the user's: child processes (Ray workers) filter for themselves
+    with contextlib.nullcontext() if users else filtered_stderr(is_noise):
         import keras
 
         # On JAX too: our commands read data with tf.data. (Not jax.devices(): it would start

@@ -34,10 +34,15 @@ import math
 import os
 import sys
 
-import keras
-import numpy as np
+if __name__ == "__main__":  # the command: its flags answered before Keras loads
+    from keras_skipinit import _cli
 
-from keras_skipinit import analysis_flags, files
+    _cli.start("python -m keras_skipinit.analysis", "keras_skipinit.analysis_flags:build_parser")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_skipinit import analysis_flags, files  # noqa: E402
 
 STATISTICS = ("skip_mean_sq", "skip_var", "branch_var", "bn_moving_mean_sq", "bn_moving_var")
 TOYS = analysis_flags.TOYS

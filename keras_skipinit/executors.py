@@ -75,6 +75,7 @@ def _child(config, conn):
     would end the run unsaved), then the run; the outcome goes back on `conn`."""
     if hasattr(os, "setpgid"):  # POSIX
         os.setpgid(0, 0)
+    _startup.quiet_start()  # as our commands start: without TensorFlow's start-up lines
     try:
         outcome = ("ok", execute(config))
     except ValueError as e:  # a bad setting: the sweep's one-line error
@@ -130,7 +131,7 @@ class Processes:
         self._running = {}  # ident -> (process, the end of its pipe we read, its TensorFlow threads)
         self._submitted = []  # (ident, config): started together at the next wait()
         self._unstarted = []  # runs submitted after a signal
-        defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", _startup.QUIET_START_ENV: "1"}
+        defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         self._env = {name: os.environ.get(name, value) for name, value in defaults.items()}  # the user's win
         self._threads = {name: os.environ[name] for name in self.THREADS if name in os.environ}  # the user's win
         from keras_skipinit import callbacks  # the runs' own signal handling: once, a repeat within a second ignored
@@ -215,6 +216,7 @@ def _ray_run(config, env):
     """A Ray task: one run in a fresh worker process (max_calls=1, so no
     TensorFlow or Keras state carries over and GPU memory is freed)."""
     os.environ.update(env)
+    _startup.quiet_start()  # as our commands start: without TensorFlow's start-up lines
     from keras_skipinit import run_dir
 
     deadline = time.time() + LOCK_WAIT_S
@@ -278,7 +280,6 @@ class Ray:
         env = {name: os.environ[name] for name in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL") if name in os.environ}
         if not _startup.log_level_is_users():  # the user's own level travels; the driver's quiet start's does not
             env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-        env[_startup.QUIET_START_ENV] = "1"  # a worker starts as our commands do, without TF's start-up lines
         if not gpus_per_run:
             threads = str(max(1, int(cpus_per_run)))
             env.update(TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)

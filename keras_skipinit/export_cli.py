@@ -209,7 +209,11 @@ def _export_file(model, preprocessing, source, labels):
 
 def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
+    from keras_skipinit import _startup
+
+    _cli.start(_cli.program("export"), __name__, keras=False)
     _cli.exit_without_tensorflow("export")  # SavedModels are TensorFlow graphs
+    _startup.load_keras()
     import keras
 
     if keras.backend.backend() != "tensorflow":

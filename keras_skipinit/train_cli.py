@@ -200,4 +200,5 @@ def _export_on_tensorflow(model_dir, name):
 
 def run():
     """Console entry point (keras-skipinit-train); `python train.py` calls it too."""
+    _cli.start(_cli.program("train.py"), __name__, training=True)
     _cli.run(main, USAGE, "train.py")

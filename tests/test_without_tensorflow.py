@@ -28,13 +28,13 @@ def run(args, **env):
 
 
 def test_a_backend_that_is_not_installed_is_one_line():
-    """The core install has no backend of its own: `import keras_skipinit`
+    """The core install has no backend of its own: `keras_skipinit.applications`
     names the missing package and the extra that installs it (Keras' own
     error names only the module), and train.py says so in one line, exit 2."""
     missing = next((b for b in ("tensorflow", "jax") if importlib.util.find_spec(b) is None), None)
     if missing is None:
         pytest.skip("TensorFlow and JAX are both installed: no backend is missing")
-    proc = run(["-c", "import keras_skipinit"], KERAS_BACKEND=missing)
+    proc = run(["-c", "import keras_skipinit.applications"], KERAS_BACKEND=missing)
     assert proc.returncode == 1 and f'pip install -e ".[{missing}]"' in proc.stderr.splitlines()[-1], proc.stderr
     proc = run(["train.py"], KERAS_BACKEND=missing)
     lines = proc.stderr.strip().splitlines()

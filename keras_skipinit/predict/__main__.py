@@ -1,5 +1,3 @@
-import sys
+from keras_skipinit.predict.cli import run
 
-from keras_skipinit.predict.cli import main
-
-sys.exit(main())
+run()

@@ -39,7 +39,7 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, files as files_lib, image_folder, preprocessing as preprocessing_lib, publish, runtimes
+from keras_skipinit import _cli, _startup, files as files_lib, image_folder, preprocessing as preprocessing_lib, publish, runtimes
 
 # What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -138,6 +138,10 @@ def _softmax(x):
 
 
 def _keras(source, preprocessing=None):
+    missing = _startup.missing_backend()
+    if missing:  # the core install has no backend: one line, as every bad input
+        raise ValueError(missing)
+    _startup.load_keras(sys.stderr)  # stdout: the answers
     import keras
 
     from keras_skipinit import run_dir
@@ -170,6 +174,7 @@ def _saved_model(path):
     missing = _cli.without_tensorflow(f"--source={path} (a SavedModel)")
     if missing:
         raise ValueError(missing)
+    _startup.load_keras(sys.stderr)  # TensorFlow's start-up lines filtered
     import tensorflow as tf
 
     serve = tf.saved_model.load(path).signatures["serving_default"]
@@ -341,5 +346,6 @@ def _terminated(signum, frame):
 
 
 def run():
-    """Console entry point (keras-skipinit-predict)."""
+    """Console entry point (keras-skipinit-predict; `python -m keras_skipinit.predict`).
+    Keras loads only for a source that needs it (a .tflite or .onnx file does not)."""
     sys.exit(main())

@@ -1,3 +1,7 @@
-from keras_skipinit.sweep.cli import main
+from keras_skipinit import _cli
+
+_cli.start("python -m keras_skipinit.sweep", "keras_skipinit.sweep.cli:checked_parser", training=True)
+
+from keras_skipinit.sweep.cli import main  # noqa: E402  (after the start: flags answered before Keras loads)
 
 main()

@@ -162,4 +162,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from keras_skipinit import _cli
+
+    _cli.start("python -m keras_skipinit.sweep.quantization", "keras_skipinit.sweep.cli:quantization_parser")
     sys.exit(main())
