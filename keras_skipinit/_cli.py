@@ -73,14 +73,15 @@ def parse_flags(argv, usage, module, program_name, known_only=False):
     known_only: flags not (yet) defined are refused unless `LIBRARY_FLAGS`."""
     if any(arg in HELP for arg in argv[1:]):
         print_help(help_text(usage, module))
+    unknown = _unknown_flag(argv[1:])  # before absl's parse: its validators (a required --source) spoke first
+    if unknown:
+        known = [n for f in flags.FLAGS.get_flags_for_module(module) for n in (f.name, f.short_name) if n]
+        refuse(program_name, f"Unknown command line flag '{unknown}'{did_you_mean(unknown, known)} (--help lists the flags)")
     try:
         rest = flags.FLAGS(argv, known_only=known_only)
     except flags.Error as e:  # a validator of several flags: absl's "flags a=1, b=2: " before its words, dropped
         refuse(program_name, f"{_MULTI_FLAG_PREFIX.sub('', str(e))} (--help lists the flags)")
-    if known_only:
-        unknown = [a for a in rest[1:] if a.startswith("-") and _flag_name(a) not in LIBRARY_FLAGS]
-        if unknown:
-            refuse(program_name, f"Unknown command line flag '{_flag_name(unknown[0])}' (--help lists the flags)")
+    if known_only:  # the library flags, not yet defined, stay in `rest`
         rest = [rest[0]] + [a for a in rest[1:] if not a.startswith("-")]
     if len(rest) > 1:
         refuse(program_name, unexpected(rest[1:]))
@@ -88,6 +89,17 @@ def parse_flags(argv, usage, module, program_name, known_only=False):
 
 
 _MULTI_FLAG_PREFIX = re.compile(r"^flags (\w+=[^,]*, )*\w+=[^:]*: ")
+
+
+def _unknown_flag(args):
+    """The first flag in `args` (before "--") that neither absl's FLAGS nor
+    `LIBRARY_FLAGS` defines (--noname for a boolean), or None."""
+    for arg in args[:args.index("--") if "--" in args else len(args)]:
+        if arg.startswith("-") and arg != "-" and not _NUMBER.match(arg):
+            name = _flag_name(arg)
+            if not (name in flags.FLAGS or name in LIBRARY_FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS)):
+                return name
+    return None
 
 
 def _flag_name(arg):
@@ -120,10 +132,37 @@ def unexpected(arguments):
     return f"unexpected arguments: {' '.join(arguments)} (flags are --name=value; --help lists them)"
 
 
+def did_you_mean(name, known):
+    """" (did you mean --X?)" for the known flag name closest to a mistyped
+    `name` (difflib's ratio >= 0.6), else "": every command's one wording."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lstrip("-"), [k.lstrip("-") for k in known], n=1)
+    return f" (did you mean --{close[0]}?)" if close else ""
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$")
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse for our commands (the sweep, its quantization step, the
-    analysis CLI): a bad flag is one line and exit status 2, as for train.py
-    and export, not the usage block above the error."""
+    analysis CLI, predict): a bad flag is one line and exit status 2, as for
+    train.py and export, not the usage block above the error. Flags are
+    written in full, as absl's are (no abbreviations: --epoch is not
+    --epochs), and an unknown one is named first, with the flag it is
+    closest to (argparse said that a required flag was missing)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        for arg in args[:args.index("--") if "--" in args else len(args)]:
+            name = arg.split("=", 1)[0]
+            if arg.startswith("-") and arg != "-" and not _NUMBER.match(arg) and name not in self._option_string_actions:
+                known = [o for o in self._option_string_actions if o.startswith("--")]
+                self.error(f"unrecognized argument {name}{did_you_mean(name, known)}")
+        return super().parse_args(args, namespace)
 
     def error(self, message):
         refuse(self.prog, f"{message} (--help lists the flags)")

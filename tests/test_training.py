@@ -399,7 +399,14 @@ def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
         (["train.py", "--init_from=nowhere.keras"], 2, "--init_from=nowhere.keras: no such train.py model_dir"),
         (["-m", "export", "--source=/nowhere.keras"], 2, "no such model file or model_dir"),
         (["-m", "keras_skipinit.predict", "--source=/nowhere.keras", "x.png"], 2, "no such model file or model_dir"),
-        (["-m", "keras_skipinit.analysis", "--normalizations=layernorm"], 2, "'layernorm': not one of")]
+        (["-m", "keras_skipinit.analysis", "--normalizations=layernorm"], 2, "'layernorm': not one of"),
+        # an unknown flag named first, with the closest one, in every command (issue 88.2: predict said that
+        # --source was required, export that it must not be None; the sweep took --epoch as --epochs)
+        (["train.py", "--learningrate=0.1"], 2, "Unknown command line flag 'learningrate' (did you mean --learning_rate?)"),
+        (["-m", "export", "--sorce=x"], 2, "Unknown command line flag 'sorce' (did you mean --source?)"),
+        (["-m", "keras_skipinit.predict", "--sorce=x", "x.png"], 2, "unrecognized argument --sorce (did you mean --source?)"),
+        (["-m", "keras_skipinit.sweep", "--epoch=1"], 2, "unrecognized argument --epoch (did you mean --epochs?)"),
+        (["-m", "keras_skipinit.analysis", "--depht=3"], 2, "unrecognized argument --depht (did you mean --depth?)")]
     for argv, status, match in cases:
         proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
         assert proc.returncode == status, (argv, proc.stderr[-2000:])
