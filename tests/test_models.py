@@ -208,6 +208,32 @@ def test_the_registry_lists_and_creates_every_family():
             apps.create_model(bad)
 
 
+def test_a_family_whose_names_overlap_another_s_leaves_every_listed_name_building(monkeypatch):
+    """Issue 88.7: names were parsed first-match-wins, so a family added with
+    an overlapping pattern (a basic-block "resnet{depth}_v1" of other depths)
+    took ResNet-50's name and refused its depth. Each name is now the one
+    family's that takes its depth; a name two families take is refused as
+    ambiguous."""
+    def toy_depth(depth):
+        if depth not in (20, 32):
+            raise ValueError(f"Toy depth must be 20 or 32, got {depth}")
+
+    toy = apps.Architecture("Toy", "Toy-{depth}", "cifar_resnet:CifarResNet", (32, 32, 3), False, "20, 32", toy_depth,
+                            name_format="resnet{depth}_v1", names=("resnet20_v1", "resnet32_v1"))
+    monkeypatch.setitem(apps.ARCHITECTURES, "toy", toy)  # after resnet_v1: first-match-wins asked resnet_v1 first
+    names = apps.list_models()
+    assert {"resnet20_v1", "resnet32_v1", "resnet50_v1"} <= set(names)
+    assert all(apps.registry.parse_name(n)[0] == m for m, arch in apps.ARCHITECTURES.items() for n in arch.names)
+    small = dict(input_shape=(32, 32, 3), classes=10)
+    assert apps.create_model("resnet20_v1", **small).count_params() == apps.CifarResNet(20, **small).count_params()
+    assert apps.create_model("resnet50_v1", **small).count_params() == apps.ResNet(50, 1, **small).count_params()
+    with pytest.raises(ValueError, match="ResNet depth must be one of .*; Toy depth must be 20 or 32"):
+        apps.create_model("resnet34_v1")
+    monkeypatch.setitem(apps.ARCHITECTURES, "toy", toy.__class__(**{**toy.__dict__, "check_depth": lambda d: None}))
+    with pytest.raises(ValueError, match="'resnet50_v1' is ambiguous: families \\['resnet_v1', 'toy'\\]"):
+        apps.create_model("resnet50_v1")
+
+
 def test_named_resnets_have_explicit_signatures_and_docstrings():
     for make in (apps.ResNet50V1, apps.ResNet101V1, apps.ResNet152V1, apps.ResNet50V2, apps.ResNet101V2,
                  apps.ResNet152V2):

@@ -31,9 +31,6 @@ def _pattern(name_format):
     return re.compile("".join(f"(?P<{p[1:-1]}>\\d+)" if p in ("{depth}", "{width}") else re.escape(p) for p in parts))
 
 
-_PATTERNS = {model: _pattern(arch.name_format) for model, arch in ARCHITECTURES.items() if arch.name_format}
-
-
 def check_options(model, **options):
     """Architecture-only options given (not None) to another architecture: one ValueError."""
     arch = architecture(model)
@@ -57,15 +54,31 @@ def build(model, depth, width=None, **kwargs):
 
 
 def parse_name(name):
-    """(model, depth, width) of a model name, e.g. 'wrn_16_4' -> ('wrn', 16, 4)."""
-    for model, pattern in _PATTERNS.items():
-        match = pattern.fullmatch(name) if isinstance(name, str) else None
-        if match:
-            depth, width = int(match["depth"]), int(match["width"]) if "width" in pattern.groupindex else None
-            ARCHITECTURES[model].check_depth(depth)
+    """(model, depth, width) of a model name, e.g. 'wrn_16_4' -> ('wrn', 16, 4).
+    Every family whose `name_format` matches is asked, not the first: a name
+    is the one family's that takes its depth (and width); two that take it
+    are an ambiguity, said as such (issue 88.7: a `resnet{depth}` family of
+    depths 18 and 34 made "first match wins" refuse ResNet-50)."""
+    matches, refusals = [], []
+    for model, arch in ARCHITECTURES.items():
+        match = _pattern(arch.name_format).fullmatch(name) if arch.name_format and isinstance(name, str) else None
+        if not match:
+            continue
+        depth, width = int(match["depth"]), int(match["width"]) if "width" in match.groupdict() else None
+        try:
+            arch.check_depth(depth)
             if width is not None and width < 1:
                 raise ValueError(f"{name}: the width must be a positive int")
-            return model, depth, width
+        except ValueError as e:
+            refusals.append(str(e))
+            continue
+        matches.append((model, depth, width))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"model name {name!r} is ambiguous: families {[m[0] for m in matches]} all take it")
+    if refusals:
+        raise ValueError(" ".join(refusals) if len(refusals) == 1 else f"{name}: " + "; ".join(refusals))
     formats = ", ".join(arch.name_format for arch in ARCHITECTURES.values() if arch.name_format)
     examples = [n for arch in ARCHITECTURES.values() for n in arch.names[:1]]
     raise ValueError(f"unknown model name {name!r}: {formats}; e.g. {', '.join(examples)}, ... (list_models())")
@@ -81,7 +94,7 @@ def list_models(pattern="*"):
 
 def _sort_key(name):
     model, depth, width = parse_name(name)
-    return MODELS.index(model), depth, width or 0
+    return list(ARCHITECTURES).index(model), depth, width or 0
 
 
 def create_model(name=None, **kwargs):
