@@ -109,14 +109,25 @@ def share(cores, in_use, starting):
     return max(1, (cores - in_use) // starting)
 
 
+def run_threads(inter_op):
+    """A run's TensorFlow thread pools outside this process (processes,
+    Ray): intra-op threads as a run here has (`machine.intra_op_threads`:
+    they change its numbers, so every executor gives the same and a sweep's
+    runs equal the sequential sweep's, issue 89.4); inter-op threads, which
+    only order independent ops, `inter_op` (its share of the cores).
+    TF_NUM_INTEROP_THREADS set by the user wins."""
+    return {"TF_NUM_INTRAOP_THREADS": str(machine.intra_op_threads()),
+            "TF_NUM_INTEROP_THREADS": os.environ.get("TF_NUM_INTEROP_THREADS") or str(inter_op)}
+
+
 class Processes:
     """Each run in a fresh child process of this machine, `processes` at
     once (spawned: no TensorFlow or Keras state carries over, a GPU's memory
     is freed). For small runs that leave a GPU or many cores idle alone: the
     children share the GPU (JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false unless
-    set) and split the cores (TensorFlow's thread pools: the cores the
+    set) and split the cores (TensorFlow's inter-op pool: the cores the
     running children leave free, split among the runs starting together,
-    `share`, unless TF_NUM_INTRAOP_THREADS is set). Runs submitted together
+    `share`; its intra-op pool as a run in this process has, `run_threads`). Runs submitted together
     start at the next `wait()`. SIGINT or SIGTERM to the sweep is
     passed on to each child, whose run checkpoints and stops (the same
     command resumes it); a second ends the sweep at once (`callbacks.Interrupt`)."""
@@ -133,7 +144,6 @@ class Processes:
         self._unstarted = []  # runs submitted after a signal
         defaults = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         self._env = {name: os.environ.get(name, value) for name, value in defaults.items()}  # the user's win
-        self._threads = {name: os.environ[name] for name in self.THREADS if name in os.environ}  # the user's win
         from keras_skipinit import callbacks  # the runs' own signal handling: once, a repeat within a second ignored
 
         self._interrupt = callbacks.Interrupt(on_signal=self._pass_on).__enter__()
@@ -156,7 +166,7 @@ class Processes:
             self._unstarted += [ident for ident, _ in submitted]
             return
         threads = share(machine.cpu_count(), sum(n for _, _, n in self._running.values()), len(submitted) or 1)
-        env = {**self._env, **{name: str(threads) for name in self.THREADS}, **self._threads}
+        env = {**self._env, **run_threads(threads)}
         for ident, config in submitted:
             read, write = self._context.Pipe(duplex=False)
             process = self._context.Process(target=_child, args=(config, write), name=f"sweep run {ident}")
@@ -255,8 +265,8 @@ class Ray:
     worker dies (kill -9, a lost node) is retried up to `max_retries` times
     and resumes from the checkpoint in its model_dir, so model_dirs must be on
     storage every node reads and writes. Runs see the driver's KERAS_BACKEND
-    (and TF_CPP_MIN_LOG_LEVEL); on CPU, TensorFlow's thread pools are sized
-    to `cpus_per_run`."""
+    (and TF_CPP_MIN_LOG_LEVEL); TensorFlow's inter-op pool is sized to
+    `cpus_per_run`, its intra-op pool as the driver's (`run_threads`)."""
 
     capacity = sys.maxsize
 
@@ -280,9 +290,7 @@ class Ray:
         env = {name: os.environ[name] for name in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL") if name in os.environ}
         if not _startup.log_level_is_users():  # the user's own level travels; the driver's quiet start's does not
             env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-        if not gpus_per_run:
-            threads = str(max(1, int(cpus_per_run)))
-            env.update(TF_NUM_INTRAOP_THREADS=threads, TF_NUM_INTEROP_THREADS=threads)
+        env.update(run_threads(max(1, int(cpus_per_run))))
         self._env = env
         # In the worker's environment from its start (it imports the package, and TensorFlow, to unpickle the task).
         self._task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_calls=1, max_retries=max_retries,

@@ -21,6 +21,16 @@ def cpu_count():
     return os.cpu_count() or 1  # macOS
 
 
+def intra_op_threads():
+    """The intra-op threads TensorFlow computes a run's ops with here:
+    TF_NUM_INTRAOP_THREADS where set, else every core (TensorFlow's default).
+    A run's numbers depend on it (a convolution's weight gradient and a
+    matmul sum in per-thread blocks), so the sweep gives every run this many
+    whatever its executor (issue 89.4)."""
+    value = os.environ.get("TF_NUM_INTRAOP_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else cpu_count()
+
+
 def cpu_has_native_bfloat16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 in hardware (x86 AVX512_BF16 or
     AMX; ARM's BF16 extension), from /proc/cpuinfo's flags; None if unknown.

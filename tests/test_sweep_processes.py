@@ -99,12 +99,15 @@ class _ExitsWithItsThreads:
     """A run's config whose unpickling in the child ends it with its TensorFlow thread count as exit code."""
 
     def __reduce__(self):
-        return eval, ("__import__('os')._exit(int(__import__('os').environ['TF_NUM_INTRAOP_THREADS']))",)
+        return eval, ("__import__('os')._exit(10 * int(__import__('os').environ['TF_NUM_INTRAOP_THREADS'])"
+                      " + int(__import__('os').environ['TF_NUM_INTEROP_THREADS']))",)
 
 
 @pytest.mark.heavy
-def test_runs_starting_together_split_the_free_cores_and_a_lone_run_gets_them_all(monkeypatch):
-    """A resumed sweep's one run is not held to cores / N (TensorFlow's pools are fixed at start)."""
+def test_runs_starting_together_split_the_free_cores_and_compute_as_a_run_here(monkeypatch):
+    """A resumed sweep's one run is not held to cores / N (TensorFlow's pools are fixed at start);
+    every run computes with the intra-op threads a sequential sweep's run has (all 4 cores here):
+    they change its numbers (issue 89.4: runs started together got 2 and other accuracies)."""
     from keras_skipinit import executors, machine
 
     monkeypatch.setattr(machine, "cpu_count", lambda: 4)
@@ -122,7 +125,7 @@ def test_runs_starting_together_split_the_free_cores_and_a_lone_run_gets_them_al
                 codes.append((died.value.ident, str(died.value).split("exit code ")[1].split(")")[0]))
     finally:
         executor.close()
-    assert sorted(codes) == [("alone", "4"), ("first", "2"), ("second", "2")]
+    assert sorted(codes) == [("alone", "44"), ("first", "42"), ("second", "42")]
     assert executors.share(4, 2, 1) == 2 and executors.share(2, 1, 1) == 1 and executors.share(2, 0, 4) == 1
 
 
@@ -139,3 +142,33 @@ def test_a_run_whose_process_dies_is_a_failure_that_names_it_and_says_how_to_res
         executor.close()
     assert failed.value.ident == "the run"
     assert str(failed.value) == "its process died (exit code 3); rerun the sweep to resume it from its last checkpoint"
+
+
+@pytest.mark.heavy
+def test_runs_started_together_end_with_the_sequential_sweeps_weights(tmp_path):
+    """Issue 89.4: two runs started together got half the cores each as
+    intra-op threads, and a convolution's weight gradient sums in per-thread
+    blocks, so their weights (and, over long runs, accuracies) left the
+    sequential sweep's. Every run now computes with the threads a run in the
+    sweep's own process has: the same weights, bit for bit."""
+    from keras_skipinit import machine
+
+    if machine.cpu_count() < 2:
+        pytest.skip("one core: runs started together and alone have the same threads")
+    import numpy as np
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    args = ["--depths=10", "--seeds=1", "--best_k=1", "--protocol=depth", "--lrs=0.1", "--methods=skipinit,batchnorm",
+            "--epochs=1", "--steps_per_epoch=3", "--batch_size=256"]  # a batch whose gradient sums split by thread
+    for executor in ("sequential", "processes"):
+        more = ["--processes=2"] if executor == "processes" else []
+        proc = subprocess.run([sys.executable, "-m", "keras_skipinit.sweep", f"--executor={executor}", *more, *args, f"--out={tmp_path}/{executor}", f"--runs_dir={tmp_path}/{executor}_runs"],
+                              capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    import keras
+
+    for run in sorted(os.listdir(tmp_path / "sequential_runs")):
+        sequential, together = (keras.saving.load_model(tmp_path / f"{executor}_runs" / run / "model.keras").get_weights()
+                                for executor in ("sequential", "processes"))
+        assert all(np.array_equal(a, b) for a, b in zip(sequential, together)), run
