@@ -240,6 +240,48 @@ def _ray_run(config, env):
 
 
 RAY_CONNECT_TIMEOUT_S = 60
+RAY_TOKEN_FILE = os.path.join("~", ".ray", "auth_token")  # Ray's default token path
+
+
+def _token_at_hand():
+    """Whether this machine has a Ray token where Ray looks for one
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or os.path.isfile(os.path.expanduser(RAY_TOKEN_FILE)))
+
+
+def _connect(ray, address):
+    """ray.init for the sweep. Ray 2.59+ turns token authentication on for
+    `ray start --head` wherever a token exists (and a driver that finds that
+    cluster by "auto" follows), but a driver given an address never turns it
+    on: it was refused ("InvalidAuthToken" a second for 20 s, then a
+    traceback; issue 89.3). With RAY_AUTH_MODE unset and a token at hand,
+    the driver turns it on as the head did; a refusal is one line saying
+    what the cluster needs."""
+    named = address or os.environ.get("RAY_ADDRESS")
+    explicit = named not in (None, "auto", "local") and not str(named).startswith("ray://")
+    if explicit and "RAY_AUTH_MODE" not in os.environ and _token_at_hand():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:  # Ray reads its settings once, at import: as `ray start` does, re-read them
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):
+            pass
+    if not explicit:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
+        return
+    with _startup.filtered_stderr(lambda line: "InvalidAuthToken" in line):  # Ray's C++ retries, one a second
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
+            return
+        except ConnectionError:
+            pass
+    mode = os.environ.get("RAY_AUTH_MODE", "unset")
+    raise ValueError(
+        f"could not connect to the Ray cluster at {named} (RAY_AUTH_MODE={mode}); a cluster with token authentication "
+        "(Ray 2.59+ turns it on where `ray start --head` finds a token) needs its token here, in ~/.ray/auth_token or "
+        "RAY_AUTH_TOKEN (on the head: ray get-auth-token), with RAY_AUTH_MODE unset or token")
 
 
 def _check_reachable(address):
@@ -278,7 +320,7 @@ class Ray:
         self._ray = ray
         if not ray.is_initialized():
             _check_reachable(address or os.environ.get("RAY_ADDRESS"))
-            ray.init(address=address, include_dashboard=False, log_to_driver=True, configure_logging=False)
+            _connect(ray, address)
         self._need = {"CPU": cpus_per_run, "GPU": gpus_per_run}
         if not self.slots():
             total = self._ray.cluster_resources()

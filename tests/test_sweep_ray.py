@@ -159,3 +159,54 @@ def test_a_cluster_that_is_not_there_or_too_small_is_a_one_line_error(tmp_path, 
         (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
         assert words in line, line
     assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")
+
+
+@pytest.mark.heavy
+def test_a_cluster_that_ray_start_started_with_token_authentication_takes_the_sweep(tmp_path):
+    """Issue 89.3: Ray 2.59+ turns token authentication on where `ray start
+    --head` finds a token (~/.ray/auth_token: any earlier local ray.init()
+    writes one), but a driver given the cluster's address does not: the
+    README's sequence failed with "InvalidAuthToken" a second, then a
+    traceback. The sweep now connects with the token at hand; a driver told
+    RAY_AUTH_MODE=disabled is refused in one line."""
+    require_ray()
+    import shutil
+    import socket
+    import tempfile
+
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(os.urandom(16).hex())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    short = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 characters
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": ROOT}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "TF_CPP_MIN_LOG_LEVEL"):
+        env.pop(name, None)
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen([ray, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                             f"--temp-dir={short}", "--block"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+    try:
+        log = []
+        while not any("To terminate the Ray runtime" in line for line in log):  # after the address it prints
+            line = head.stdout.readline()
+            assert line, "".join(log)
+            log.append(line)
+        assert any("Token authentication is enabled" in line for line in log), "".join(log)
+        (address,) = {m for line in log for m in re.findall(r"ray start --address='([\d.]+):", line)}
+        sweep_args = [sys.executable, "-m", "keras_skipinit.sweep", "--executor=ray", f"--ray_address={address}:{port}",
+                      *TINY, "--methods=skipinit", "--epochs=1", "--steps_per_epoch=2"]
+        proc = subprocess.run([*sweep_args, f"--out={tmp_path}/out", f"--runs_dir={tmp_path}/runs"], capture_output=True,
+                              text=True, timeout=600, cwd=ROOT, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 1
+        proc = subprocess.run([*sweep_args, f"--out={tmp_path}/refused", f"--runs_dir={tmp_path}/refused_runs"],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT, env={**env, "RAY_AUTH_MODE": "disabled"})
+        (line,) = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and "could not connect to the Ray cluster" in line and "ray get-auth-token" in line, line
+    finally:
+        kill_session(head)
+        head.wait()
+        shutil.rmtree(short, ignore_errors=True)
