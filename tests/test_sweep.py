@@ -307,6 +307,8 @@ def test_table1_report_compares_the_best_rate_with_its_neighbours_and_the_method
     # BatchNorm chooses 2^-3 on its best 2 of 3 (91.5 against 91.0); over every seed both average 91.0.
     assert rows["Batch Normalization: 2^-3 − 2^-2"][2] == "+0.0"
     assert rows["SkipInit (alpha = 0) (2^-3) − Batch Normalization (2^-3)"][2] == "-9.0"
+    # The legend speaks of a cell (issue 89.6: "(—: every run failed)" read as if the whole sweep had)
+    assert "Test accuracy, best 2 of 3 (— in a cell: every run of that cell failed)" in (tmp_path / "table.md").read_text()
 
 
 def test_depth_report_gives_trained_fractions_with_intervals_and_fishers_p(tmp_path, monkeypatch):

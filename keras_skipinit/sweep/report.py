@@ -467,7 +467,7 @@ def report(runs, args):
     elif args.protocol == "table1":
         split = log.eval_split(runs, args.validation_examples)
         accuracy, cross_entropy, grid, details, borrowed = table1_tables(runs, args, load_beside(args.beside, args), split)
-        text = (f"{split.capitalize()} accuracy, best {args.best_k} of {args.seeds} (—: every run failed)\n\n{accuracy}\n\n"
+        text = (f"{split.capitalize()} accuracy, best {args.best_k} of {args.seeds} (— in a cell: every run of that cell failed)\n\n{accuracy}\n\n"
                 f"Training cross-entropy (no L2 term), best {args.best_k} of {args.seeds}\n\n{cross_entropy}\n\n"
                 f"Learning-rate grid per cell\n\n{grid}\n" + comparisons(runs, args, split))
         plots.plot_table1(details, args, borrowed, split)
