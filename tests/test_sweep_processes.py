@@ -58,6 +58,8 @@ def test_a_signalled_sweep_stops_its_children_at_a_checkpoint_and_reruns_to_the_
             os.killpg(first.pid, signal.SIGKILL)
     log1 = (tmp_path / "log1").read_text()
     assert "interrupted during run" in log1 and "run the same command to resume" in log1
+    # each run said as it was handed to its process (issue 89.5: the sweep was silent ~28 s before its first line)
+    assert all(f"  {m} depth 10 lr 0.05 seed 0: started (processes)" in log1 for m in ("skipinit", "batchnorm")), log1
     assert lines(out) == []
     with open(tmp_path / "log2", "w") as log:
         second = start(out, log)

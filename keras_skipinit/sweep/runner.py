@@ -339,6 +339,8 @@ def run_sweep(settings):
                 before[run] = _epochs_recorded(run_config)  # set before the watch sees the run in flight
                 in_flight[run] = run_config
                 executor.submit(run, run_config)
+                if settings.executor != "sequential":  # its process loads Keras first: seconds before a line of its own
+                    print(f"  {run_label(run, settings)}: started ({settings.executor})", flush=True)
             if not in_flight:
                 break
             run, outcome = executor.wait()
