@@ -83,6 +83,7 @@ def test_imagenet_weights_are_keras_applications_weights(monkeypatch):
         np.testing.assert_allclose(model(inputs, training=False), theirs(inputs, training=False), atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_imagenet_weights_offline_are_one_line_saying_where_to_put_them(monkeypatch):
     """Offline, weights="imagenet" and --init_from=imagenet were a 98-line traceback from Keras' download
     (issue 91.14): one ValueError naming the network, the failure and Keras' cache folder."""

@@ -71,6 +71,7 @@ def exported(tmp_path_factory):
     return base, path, model, images, expected
 
 
+@pytest.mark.heavy
 def test_layout_versions_and_overwrite(exported, tmp_path):
     base, path, model, _, _ = exported
     assert path == os.path.join(str(base), "wrn", "1")

@@ -33,6 +33,7 @@ def tune(tmp_path, source, folder, name, **kwargs):
     return training.train(config), tmp_path / name
 
 
+@pytest.mark.heavy
 def test_a_new_head_on_the_runs_backbone_and_a_linear_probe(source_and_folder, tmp_path):
     """At a learning rate of 1e-9 the backbone after two steps is the
     source's (to float rounding) and the classifier has 3 classes; with
@@ -53,6 +54,7 @@ def test_a_new_head_on_the_runs_backbone_and_a_linear_probe(source_and_folder, t
     assert not np.allclose(frozen["predictions"][0], mine["predictions"][0])
 
 
+@pytest.mark.heavy
 def test_the_classifier_follows_the_class_names(source_and_folder, tmp_path, capsys):
     """Both runs record class names: a folder of the digits 0, 1 and 7 starts
     from the digits classifier's columns 0, 1 and 7 (a rule by class count
@@ -83,6 +85,7 @@ def test_the_classifier_follows_the_class_names(source_and_folder, tmp_path, cap
             in capsys.readouterr().out)
 
 
+@pytest.mark.heavy
 def test_a_start_on_other_preprocessing_says_so(source_and_folder, tmp_path, capsys):
     """The digits run standardized each image; a fine-tuning run on the folder's per-channel statistics
     feeds its first layers otherwise scaled inputs: one note line, and none where they agree."""
@@ -94,6 +97,7 @@ def test_a_start_on_other_preprocessing_says_so(source_and_folder, tmp_path, cap
     assert "preprocessed by standardize; this run's are by mean_std(" in note
 
 
+@pytest.mark.heavy
 def test_a_resumed_fine_tuning_run_continues_from_its_own_checkpoint(source_and_folder, tmp_path, monkeypatch):
     source, folder = source_and_folder
     tune(tmp_path, source, folder, "resumed", learning_rate=0.01)
@@ -151,6 +155,7 @@ def test_a_keras_file_with_layers_this_model_lacks_is_refused(source_and_folder,
         tune(tmp_path, tmp_path / "digits.keras", folder, "other", normalization="none", alpha_init=None)
 
 
+@pytest.mark.heavy
 def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path, capsys):
     """--init_from=FILE.weights.h5 (model.save_weights: no architecture in
     it): read into this run's architecture with the file's 10 classes, the

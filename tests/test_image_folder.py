@@ -274,6 +274,7 @@ def test_skipping_bad_images_that_empties_a_class_is_refused(tmp_path, monkeypat
             data_lib.load(str(root), folder=dict(skip_bad=True))
 
 
+@pytest.mark.heavy
 def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path, capsys):
     """Three epochs of WRN-10-1 with BatchNorm (momentum 0.9, lr 0.1) on 300
     training images of three digits, in every format and mode above. Seeds
@@ -321,6 +322,7 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
 
 
+@pytest.mark.heavy
 def test_a_continued_run_keeps_the_mean_std_statistics_it_started_with(tmp_path, capsys):
     """An image replaced between epochs gave a continuation other statistics than its first epoch's, and
     only the new ones were recorded (issue 91.8): the continuation uses the recorded ones, and says so."""
@@ -400,6 +402,7 @@ def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_pa
     assert results["status"] == "completed" and results["num_test"] == 12
 
 
+@pytest.mark.heavy
 def test_every_epoch_trains_every_image_once_in_order_streamed_or_not_resumed_or_not(tmp_path, monkeypatch):
     """Issue 91.1: on JAX a streamed folder's epoch trained batches 1..k twice and its last ones never (Keras'
     enqueuer kept what it had read ahead of fit's peek at batch 0 and served it first at the next start). The

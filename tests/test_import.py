@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import keras
+import pytest
 
 from keras_skipinit import applications as apps, layers as ksl
 
@@ -30,6 +31,7 @@ def run(args, cwd, **env):
                           env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", **env})
 
 
+@pytest.mark.heavy
 def test_a_users_own_train_py_with_its_own_flags_imports_the_package(tmp_path):
     """A user's script named train.py, parsing its own --lr, exited 2 ("Unknown
     command line flag 'lr'"): the package's import parsed the caller's argv as
@@ -63,6 +65,7 @@ print(json.dumps([type(layer).__name__ for layer in model.layers]))
 """
 
 
+@pytest.mark.heavy
 def test_a_keras_file_of_ours_loads_after_the_import_in_either_order(tmp_path):
     """`import keras_skipinit` registers our layers with Keras now where it is
     loaded, else when it loads (the import itself loads no Keras)."""

@@ -170,6 +170,7 @@ def test_corrupt_run_files_are_named(tmp_path):
 # --- reusing a model_dir -------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path, capsys):
     """train.py on a used model_dir: the same flags leave a complete run alone;
     other flags are one line naming each difference (train.py's main in this process)."""

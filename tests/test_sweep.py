@@ -657,6 +657,7 @@ def _documented_commands(preset):
     return [line.split()[3:] for line in text.splitlines() if line.strip().startswith("python -m keras_skipinit.sweep ")]
 
 
+@pytest.mark.heavy
 def test_every_presets_documented_command_reports_its_committed_runs_unchanged(tmp_path, monkeypatch):
     """Issue 46.1-2: each preset's documented --out holds its runs (or the
     docstring says it was not run), and a report of those unchanged runs

@@ -52,6 +52,7 @@ def fashion_mnist_data_dir(fashion_mnist_first_run):
     return data_dir
 
 
+@pytest.mark.heavy
 def test_fashion_mnist_is_prepared_by_tfds_own_builder_from_local_files(fashion_mnist_data_dir, fashion_mnist_first_run):
     # train.py says what it prepares, from where, into where (TFDS's own line was followed by a silent minute),
     # after a first line of its own before Keras loads.

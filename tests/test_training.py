@@ -214,6 +214,7 @@ def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     assert history[0].startswith("epoch,lr,") and len(history) == 3
 
 
+@pytest.mark.heavy
 def test_tensorboard_scalars_are_written_without_tensorflow(tmp_path):
     """Each epoch's metrics and learning rate as TensorBoard scalars in Keras'
     layout (train/, validation/, epoch_<metric>, step = epoch), written by a
@@ -330,6 +331,7 @@ def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_block
     assert moved > 10  # the runs trained
 
 
+@pytest.mark.heavy
 def test_tfds_training_path_with_mock_cifar10(tmp_path, mock_tfds):
     with mock_tfds(num_examples=64):
         results = training.train(small_config(tmp_path, dataset="cifar10", epochs=1, batch_size=16, mixup_alpha=0.7))
@@ -337,6 +339,7 @@ def test_tfds_training_path_with_mock_cifar10(tmp_path, mock_tfds):
     assert results["config"]["dataset"] == "cifar10"
 
 
+@pytest.mark.heavy
 def test_divergence_is_recorded_not_crashed(tmp_path, capsys):
     status = train_py_in_process("--depth=10", "--width=1", "--normalization=none", "--learning_rate=1e6",
                                  "--epochs=2", "--steps_per_epoch=20", "--verbose=0", f"--model_dir={tmp_path}/run")
@@ -375,6 +378,7 @@ def test_cli_bad_flags_give_one_line_errors():
     assert status == 0 and "--normalization" in out and "--learning_rate" in out and "--model_dir" in out
 
 
+@pytest.mark.heavy
 def test_help_and_flag_refusals_come_before_keras_loads(tmp_path):
     """--help and bad flags waited for TensorFlow's import (7 s idle, 83-105 s
     under load). The commands' flags are made from `spec` without Keras, so they
@@ -518,6 +522,7 @@ def test_ctrl_c_checkpoints_the_step_reached_and_says_how_to_resume(tmp_path):
     assert not (model_dir / "results.json").exists()
 
 
+@pytest.mark.heavy
 def test_a_signal_in_the_final_evaluation_completes_the_run_and_is_returned(tmp_path, monkeypatch, capsys):
     """Ctrl-C after the last step (its evaluation): the run completes and
     writes its results, and says the signal came (the sweep then stops, and
