@@ -1,8 +1,10 @@
 """The building operations of a residual network under one `normalization.Recipe`:
 norm, activation, conv, end of branch, merge, classifier head, stacks of
 blocks. The blocks in `applications/` are written in these, so they never
-branch on method names; the method's record (`normalization.METHODS`)
-supplies its norm layer.
+branch on method names; nor do these: the method's record
+(`normalization.METHODS`) supplies its norm layer and, as hooks, every
+mechanism of its own (Fixup's scalar biases and initializations, NF's
+analytic scales and weight-standardized convs).
 """
 
 import math
@@ -26,11 +28,11 @@ class BlockOps:
         self.recipe = recipe
         self._seed = seed
         self._count = 0
-        # NF-ResNets: analytic Var[x] of the signal entering the next block,
-        # for unit-variance inputs (the stem's WS conv preserves variance),
-        # and the names of the alpha = 1/sqrt(Var[x]) layers made so far.
+        # For methods that scale by the signal's analytic variance (NF): Var[x] of the signal entering the
+        # next block, for unit-variance inputs, which their hooks keep, and the names of the fixed
+        # per-block scales made so far (`fixed_scale`), whose values a looped run stacks.
         self.expected_var = 1.0
-        self._nf_alphas = []
+        self.fixed_scales = []
         # (octaves of downsampling since the stack's input, tensor) after each block or looped run:
         # the stage outputs `pyramid_outputs` take.
         self.block_outputs = []
@@ -59,12 +61,13 @@ class BlockOps:
 
     def _repeat(self, x, prefixes, block, filters):
         """One `RepeatedBlocks` over a template block. The blocks differ only
-        in weights, except NF's fixed alpha = 1/sqrt(Var[x]): Var[x] grows by
-        the same amount (beta^2) in every identity block, so block j's alpha
-        is 1/sqrt(Var_0 + j * beta^2), passed as per-block initial values."""
+        in weights, except fixed scales 1/sqrt(Var[x]) (NF's alpha): Var[x]
+        grows by the same amount (NF: beta^2) in every identity block, so
+        block j's scale is 1/sqrt(Var_0 + j * growth), passed as per-block
+        initial values."""
         from keras_skipinit import looped
 
-        n, var_in, alphas_before = len(prefixes), self.expected_var, len(self._nf_alphas)
+        n, var_in, scales_before = len(prefixes), self.expected_var, len(self.fixed_scales)
         template_input = keras.Input(shape=x.shape[1:], dtype=x.dtype)
         template = keras.Model(template_input, block(template_input, self, filters, 1, prefixes[0]),
                                name=prefixes[0] + "_template")
@@ -72,7 +75,7 @@ class BlockOps:
         self.expected_var = var_in + n * growth
         alphas = [1.0 / math.sqrt(var_in + j * growth) for j in range(n)]
         initial_values = {looped.RepeatedBlocks.initial_value_key(name, prefixes[0], "alpha"): alphas
-                          for name in self._nf_alphas[alphas_before:]}
+                          for name in self.fixed_scales[scales_before:]}
         return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
                                      initial_values=initial_values, name=f"{prefixes[0]}_x{len(prefixes)}")(x)
 
@@ -82,42 +85,47 @@ class BlockOps:
         self._count += 1
         return self._seed * 100003 + self._count
 
-    def _hook(self, point, x, name):
+    @property
+    def _method(self):
+        return METHODS[self.recipe.normalization]
+
+    def _hook(self, point, x, name, **info):
         """The method's own layers at `point` (`normalization.Method.hooks`); the identity without."""
-        hook = METHODS[self.recipe.normalization].hooks.get(point)
-        return x if hook is None else hook(self, x, name)
+        hook = self._method.hooks.get(point)
+        return x if hook is None else hook(self, x, name, **info)
 
     def norm(self, x, name):
         """The method's norm layer (BN, ghost BN: SkipInit App. A); the identity for the others."""
-        layer = METHODS[self.recipe.normalization].norm
+        layer = self._method.norm
         return x if layer is None else layer(self.recipe, name)(x)
 
     def act(self, x, name):
-        """ReLU, preceded by a scalar bias under Fixup (rule 3); scaled by
-        gamma = sqrt(2/(1-1/pi)) for NF-ResNets (unit-variance output)."""
-        if self.recipe.fixup:
-            x = ksl.FixupBias(name=name + "_bias")(x)
+        """ReLU, with the method's layers before it ("act_input": Fixup's
+        scalar bias, rule 3) and after it ("act_output": NF's gamma)."""
+        x = self._hook("act_input", x, name)
         x = keras.layers.Activation("relu", name=name)(x)
-        if self.recipe.nf_beta is not None:
-            x = keras.layers.Rescaling(ksl.NF_RELU_GAMMA, name=name + "_gamma")(x)
-        return x
+        return self._hook("act_output", x, name)
 
     def preact(self, x, norm_name, act_name):
-        """Pre-activation of a block input: norm-ReLU; for NF-ResNets the
-        norm is the analytic ``alpha = 1/sqrt(Var[x])`` (blog: y = x + beta
-        f(alpha x)), a fixed (non-trainable) scalar weight, so that the
-        looped form can stack its per-block values."""
-        if self.recipe.nf_beta is not None:
-            name = norm_name + "_nf_alpha"
-            x = ksl.SkipInitScale(1.0 / math.sqrt(self.expected_var), trainable=False, name=name)(x)
-            self._nf_alphas.append(name)
-        else:
-            x = self.norm(x, norm_name)
+        """Pre-activation of a block input: norm-ReLU; a method's
+        "preact_norm" hook replaces the norm (NF's analytic alpha)."""
+        hook = self._method.hooks.get("preact_norm")
+        x = self.norm(x, norm_name) if hook is None else hook(self, x, norm_name)
         return self.act(x, act_name)
 
+    def fixed_scale(self, x, value, name):
+        """A fixed (non-trainable) scalar weight `value` named `name`, kept in
+        `fixed_scales` so that the looped form can stack per-block values."""
+        self.fixed_scales.append(name)
+        return ksl.SkipInitScale(value, trainable=False, name=name)(x)
+
     def scalar_bias(self, x, name):
-        """Fixup's scalar bias (rule 3) under Fixup; the identity otherwise."""
-        return ksl.FixupBias(name=name)(x) if self.recipe.fixup else x
+        """The method's scalar bias ("scalar_bias": Fixup's, rule 3); the identity otherwise."""
+        return self._hook("scalar_bias", x, name)
+
+    def init_seed(self):
+        """The next seed of this model's initializers (None: unseeded)."""
+        return self._init_seed()
 
     def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain",
              fan_mode="fan_in", init="he_normal", input_bias=True):
@@ -126,9 +134,10 @@ class BlockOps:
         ``bias`` is the architecture's default (keras.applications parity);
         the recipe overrides it. ``role`` is 'branch' for a branch conv that is
         not the last, 'last' for the last conv of a branch, 'plain' otherwise:
-        Fixup scales 'branch' kernels by L^(-1/(2m-2)) and zero-inits 'last'
-        (rules 1-2) and puts a scalar bias before every conv (rule 3) unless
-        ``input_bias=False`` (the input already carries one, `scalar_bias`).
+        the method's "conv" hook may change the layer and its initializer by
+        role (Fixup rules 1-2, NF's weight standardization); its scalar bias
+        comes before every conv unless ``input_bias=False`` (the input already
+        carries one, `scalar_bias`).
         Kernels are He-normal by ``fan_mode`` ('fan_in', Keras' HeNormal, or
         'fan_out', PyTorch ResNets'), or PyTorch's default conv init
         U(+-1/sqrt(fan_in)) with ``init='pytorch_default'``.
@@ -142,14 +151,10 @@ class BlockOps:
         initializer = keras.initializers.VarianceScaling(
             scale, mode=mode or fan_mode, distribution=distribution, seed=self._init_seed()
         )
-        if r.fixup and role == "branch":
-            initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=self._init_seed(),
-                                                       mode=fan_mode)
-        elif r.fixup and role == "last":
-            initializer = "zeros"
         conv = keras.layers.Conv2D
-        if r.nf_beta is not None:
-            conv, initializer = ksl.ScaledWSConv2D, keras.initializers.RandomNormal(seed=self._init_seed())
+        hook = self._method.hooks.get("conv")
+        if hook is not None:
+            conv, initializer = hook(self, conv, initializer, role=role, fan_mode=fan_mode)
         padding = "same"
         if strides > 1 and kernel_size > 1:
             pad_total = kernel_size - 1
@@ -168,46 +173,39 @@ class BlockOps:
         )(x)
 
     def branch_end(self, x, name):
-        """End of a residual branch: SkipInit's alpha (§2.2) or Fixup's
-        multiplier and bias (rule 3); named ``{prefix}_branch_out``."""
+        """End of a residual branch: SkipInit's alpha (§2.2), then the
+        method's "branch_end" layers (Fixup's multiplier and bias, rule 3;
+        NF's beta); named ``{prefix}_branch_out``."""
         r = self.recipe
         if r.alpha is not None:
             x = ksl.SkipInitScale(r.alpha, name=name + "_skipinit")(x)
-        elif r.fixup:
-            x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
-            x = ksl.FixupBias(name=name + "_fixup_bias")(x)
-        elif r.nf_beta is not None:
-            x = keras.layers.Rescaling(r.nf_beta, name=name + "_nf_beta")(x)
         x = self._hook("branch_end", x, name)
         return keras.layers.Identity(name=name + "_branch_out")(x)
 
     def merge(self, shortcut, branch, name, v1=False, projected=False):
         """x + f(x); divided by sqrt(2) for the sqrt2 baseline (SkipInit §2.1);
-        on ResNet-V1, SkipInit's scalar bias after the merge (App. F).
-
-        NF-ResNets: Var[x_{l+1}] = Var[x_l] + beta^2, reset to 1 + beta^2 at
-        a transition block, whose `projected` shortcut sees alpha * x too.
-        """
+        on ResNet-V1, SkipInit's scalar bias after the merge (App. F); then
+        the method's "merge" hook, told whether the shortcut is `projected`
+        (NF's variance bookkeeping)."""
         r = self.recipe
-        if r.nf_beta is not None:
-            self.expected_var = (1.0 if projected else self.expected_var) + r.nf_beta**2
         x = keras.layers.Add(name=name + "_add")([shortcut, branch])
         if r.merge_scale != 1.0:
             x = keras.layers.Rescaling(r.merge_scale, name=name + "_sqrt2")(x)
         if v1 and r.v1_merge_bias:
             x = ksl.FixupBias(name=name + "_merge_bias")(x)
-        return self._hook("merge", x, name)
+        return self._hook("merge", x, name, projected=projected)
 
     def head(self, x, classes, classifier_activation, name="predictions"):
-        """Dropout (Regularized SkipInit, §4) and the classifier; Fixup
-        zero-inits it and adds a scalar bias before it (rules 1 and 3)."""
+        """Dropout (Regularized SkipInit, §4) and the classifier, whose input
+        and initializer a method's "classifier" hook may set (Fixup: a scalar
+        bias before it, zero init; rules 1 and 3)."""
         r = self.recipe
         x = self._hook("head", x, name)
         if r.dropout > 0:
             x = keras.layers.Dropout(r.dropout, name="top_dropout")(x)
-        if r.fixup:
-            x = ksl.FixupBias(name=name + "_bias")(x)
-            init = "zeros"
+        hook = self._method.hooks.get("classifier")
+        if hook is not None:
+            x, init = hook(self, x, name)
         else:
             init = keras.initializers.HeNormal(seed=self._init_seed())
         x = keras.layers.Dense(classes, kernel_initializer=init, name=name)(x)

@@ -39,8 +39,7 @@ class Recipe:
     dropout: float = 0.0
     merge_scale: float = 1.0  # 1/sqrt(2) for the sqrt2 baseline
     v1_merge_bias: bool = False  # SkipInit App. F scalar bias before the final ReLU
-    fixup: bool = False
-    nf_beta: float | None = None  # NF-ResNet branch scale beta; None: not an NF model
+    nf_beta: float | None = None  # the nf_beta option's value (NF-ResNet branch scale beta)
     loop_blocks: bool = False  # runs of identical blocks as one loop (`looped`)
     remat: bool = False  # recompute the looped blocks' insides in the backward pass
 
@@ -141,12 +140,82 @@ def _ghost_batchnorm(recipe, name):
                                        name=name)
 
 
-def _merge_batchnorm(ops, x, name):
+def _merge_batchnorm(ops, x, name, **_):
     return _batchnorm(ops.recipe, name + "_merge_bn")(x)
 
 
 def _head_batchnorm(ops, x, name):
     return _batchnorm(ops.recipe, name + "_head_bn")(x)
+
+
+# Fixup (Zhang et al. 2019, §3): its rules as hooks of its record.
+def _fixup_bias(ops, x, name):
+    """Rule 3: a scalar bias (before each conv, activation and the classifier; footnote 3: scalar, not per channel)."""
+    from keras_skipinit import layers as ksl
+
+    return ksl.FixupBias(name=name)(x)
+
+
+def _fixup_conv(ops, conv, initializer, role, fan_mode):
+    """Rules 1-2: a branch's inner convs He-init scaled by L^(-1/(2m-2)), its last conv zero."""
+    from keras_skipinit import layers as ksl
+
+    if role == "branch":
+        r = ops.recipe
+        initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=ops.init_seed(), mode=fan_mode)
+    elif role == "last":
+        initializer = "zeros"
+    return conv, initializer
+
+
+def _fixup_branch_end(ops, x, name):
+    """Rule 3: a scalar multiplier (init 1) and a scalar bias at the end of each branch."""
+    from keras_skipinit import layers as ksl
+
+    x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
+    return ksl.FixupBias(name=name + "_fixup_bias")(x)
+
+
+def _fixup_classifier(ops, x, name):
+    """Rules 1 and 3: a scalar bias before the classifier, which starts at zero."""
+    return _fixup_bias(ops, x, name + "_bias"), "zeros"
+
+
+# NF-ResNets (Brock et al. 2021a; blog: y = x + beta f(alpha x)): its mechanism as hooks of its record.
+def _nf_preact_norm(ops, x, name):
+    """The norm of a pre-activation is the analytic alpha = 1/sqrt(Var[x]), a fixed scalar."""
+    return ops.fixed_scale(x, 1.0 / math.sqrt(ops.expected_var), name + "_nf_alpha")
+
+
+def _nf_gamma(ops, x, name):
+    """ReLU's output scaled by gamma = sqrt(2/(1-1/pi)): unit variance again."""
+    import keras
+
+    from keras_skipinit import layers as ksl
+
+    return keras.layers.Rescaling(ksl.NF_RELU_GAMMA, name=name + "_gamma")(x)
+
+
+def _nf_conv(ops, conv, initializer, role, fan_mode):
+    """Scaled weight-standardized convs, from N(0, 1) kernels."""
+    import keras
+
+    from keras_skipinit import layers as ksl
+
+    return ksl.ScaledWSConv2D, keras.initializers.RandomNormal(seed=ops.init_seed())
+
+
+def _nf_branch_end(ops, x, name):
+    import keras
+
+    return keras.layers.Rescaling(ops.recipe.nf_beta, name=name + "_nf_beta")(x)
+
+
+def _nf_merge(ops, x, name, projected=False):
+    """Var[x_{l+1}] = Var[x_l] + beta^2, reset to 1 + beta^2 at a transition
+    block, whose `projected` shortcut sees alpha * x too."""
+    ops.expected_var = (1.0 if projected else ops.expected_var) + ops.recipe.nf_beta ** 2
+    return x
 
 
 def _skipinit(context):
@@ -170,11 +239,18 @@ class Method:
       ImageNet weights apply (``weights="imagenet"``, ``--init_from=imagenet``).
       The same weights alone are not enough: bn_sqrt2 has them and divides
       every block's output by sqrt(2).
-    - hooks: layers of its own at a block's points, {point: (ops, x, name) ->
-      x}, which `block_ops.BlockOps` calls: "branch_end" (the branch, before
-      its ``_branch_out``), "merge" (the block's output, after the add) and
-      "head" (the pooled features, before the classifier). A mechanism the
-      `Recipe` fields do not have is a hook, not a new field.
+    - hooks: its own mechanism at a block's points, which `block_ops.BlockOps`
+      calls; {point: (ops, x, name) -> x} for "branch_end" (the branch, before
+      its ``_branch_out``), "merge" (the block's output, after the add; also
+      given ``projected=``), "head" (the pooled features, before dropout and
+      the classifier), "act_input" / "act_output" (around each ReLU),
+      "preact_norm" (replaces the norm of a pre-activation), "scalar_bias"
+      (where Fixup puts its scalar biases); "conv": (ops, layer class,
+      initializer, role=, fan_mode=) -> (layer class, initializer);
+      "classifier": (ops, x, name) -> (x, kernel initializer). A mechanism
+      the `Recipe` fields do not have is a hook, not a new field: Fixup and
+      NF are records of hooks, and nothing outside this module asks which
+      method it is.
     """
 
     title: str
@@ -204,7 +280,9 @@ METHODS = {
         lambda c: {**_skipinit(c), "conv_bias": True, "dropout": c.default_regularized_dropout}),
     # Fixup footnote 3: scalar biases replace per-channel ones. Its authors train scalars at lr/10 (CIFAR and
     # ImageNet code); with the full rate WRN-16-1 diverged at lr 0.1 on Fashion-MNIST in 3 of 3 seeds.
-    "fixup": Method("Fixup", "Fixup §3, rules 1-3", recipe={"fixup": True, "conv_bias": False}, scalar_lr=0.1),
+    "fixup": Method("Fixup", "Fixup §3, rules 1-3", recipe={"conv_bias": False}, scalar_lr=0.1,
+                    hooks={"scalar_bias": _fixup_bias, "act_input": lambda ops, x, name: _fixup_bias(ops, x, name + "_bias"),
+                           "conv": _fixup_conv, "branch_end": _fixup_branch_end, "classifier": _fixup_classifier}),
     "sqrt2": Method("Divide residual block by sqrt(2)", "SkipInit §2.1, Table 1",
                     recipe={"merge_scale": 1.0 / math.sqrt(2.0)}),
     "none": Method("No normalization, no scaling", "SkipInit §2.1"),
@@ -218,7 +296,9 @@ METHODS = {
     "bn_head_only": Method("One BatchNorm, before the classifier", "SkipInit App. D.2, Table 4", ("bn_momentum",),
                            hooks={"head": _head_batchnorm}),
     "nf": Method("NF-ResNet", "NF-ResNets (Brock et al. 2021a; blog seed)", ("nf_beta",), {"conv_bias": True},
-                 normalizes=True, preactivation_only=True),
+                 normalizes=True, preactivation_only=True,
+                 hooks={"preact_norm": _nf_preact_norm, "act_output": _nf_gamma, "conv": _nf_conv,
+                        "branch_end": _nf_branch_end, "merge": _nf_merge}),
 }
 NORMALIZATIONS = tuple(METHODS)  # the built-in methods, in the order tables list them
 

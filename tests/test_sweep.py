@@ -1323,3 +1323,17 @@ def test_every_committed_table_is_what_its_runs_give(tmp_path, capsys, monkeypat
         if (copy / "table.md").read_text() != open(os.path.join(folder, "table.md")).read():
             differ.append(os.path.relpath(folder, ROOT))
     assert differ == [], f"table.md differs from its runs' --report_only in {differ}"
+
+
+def test_every_method_option_is_a_sweep_flag_that_reaches_the_methods_runs():
+    """Issue 88.3: the sweep's flags named method options by hand (--ghost_batch_size, --bn_momentum), so
+    --nf_beta and --alpha_init were refused; every `normalization.OPTIONS` entry is a flag now, and a run of
+    a method that takes it gets it (one of a method that does not, its default)."""
+    from keras_skipinit import normalization as norm_lib
+
+    parser = sweep_cli.build_parser()
+    assert {f"--{name}" for name in norm_lib.OPTIONS} <= set(parser._option_string_actions)
+    settings = sweep.parse_args(["--methods=nf,skipinit", "--nf_beta=0.4", "--alpha_init=one", "--depths=10"])
+    nf = runner.config(settings, ("nf", 10, 32, 0.1, 0, protocol.FINAL))
+    skip = runner.config(settings, ("skipinit", 10, 32, 0.1, 0, protocol.FINAL))
+    assert (nf.nf_beta, nf.alpha_init, skip.alpha_init, skip.nf_beta) == (0.4, None, "one", None)

@@ -5,7 +5,7 @@ import math
 import os
 import sys
 
-from keras_skipinit import _cli, files, spec
+from keras_skipinit import _cli, files, normalization as norm_lib, spec
 from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
@@ -65,7 +65,8 @@ def build_parser():
     spec.add_arguments(parser, {"model": "wrn", "width": 1, "dataset": spec.EMBEDDED, "data_dir": None,
                                 "manual_dir": None, "epochs": 3, "schedule": "cifar", "steps_per_epoch": None,
                                 "batch_size": 32, "train_examples": None, "validation_examples": None,
-                                "ghost_batch_size": None, "bn_momentum": None, "l2": None, "mixup_alpha": None,
+                                **{option: None for option in norm_lib.OPTIONS},  # every method's options
+                                "l2": None, "mixup_alpha": None,
                                 "preprocessing": None, "xla": False, "loop_blocks": False, "checkpoint_steps": 0,
                                 "eval_batch_size": None, "init_from": None, "freeze_backbone": False},
                        notes={"model": "One model per --out.", "validation_examples": "Runs that choose the lr do.",
