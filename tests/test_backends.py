@@ -72,7 +72,7 @@ def run_jax(args, timeout=900, devices=1, fast_compile=False):
 def test_model_and_layer_tests_pass_under_jax(test_file):
     """One JAX process per file, so that `pytest -n` spreads them over the cores."""
     require_jax()
-    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", JAX_DESELECT, test_file], devices=2,
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-m", "", "-k", JAX_DESELECT, test_file], devices=2,
                    fast_compile=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
@@ -235,7 +235,7 @@ JAX_TRAINING = [  # (file, -k expression): chunks, so that pytest-xdist spreads 
 @pytest.mark.parametrize("test_file,select", JAX_TRAINING, ids=[f"{f}:{k.split()[0]}" for f, k in JAX_TRAINING])
 def test_training_tests_pass_under_jax(test_file, select):
     require_jax()
-    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-k", select, test_file], devices=2,
+    proc = run_jax(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", "-m", "", "-k", select, test_file], devices=2,
                    timeout=1800, fast_compile=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
