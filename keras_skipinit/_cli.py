@@ -91,14 +91,19 @@ def parse_flags(argv, usage, module, program_name, known_only=False):
 _MULTI_FLAG_PREFIX = re.compile(r"^flags (\w+=[^,]*, )*\w+=[^:]*: ")
 
 
+def _flags_given(args):
+    """The arguments in `args` that are flags: before "--", starting with
+    "-", not "-" (stdin) nor a negative number (a value)."""
+    return [a for a in args[:args.index("--") if "--" in args else len(args)]
+            if a.startswith("-") and a != "-" and not _NUMBER.match(a)]
+
+
 def _unknown_flag(args):
-    """The first flag in `args` (before "--") that neither absl's FLAGS nor
-    `LIBRARY_FLAGS` defines (--noname for a boolean), or None."""
-    for arg in args[:args.index("--") if "--" in args else len(args)]:
-        if arg.startswith("-") and arg != "-" and not _NUMBER.match(arg):
-            name = _flag_name(arg)
-            if not (name in flags.FLAGS or name in LIBRARY_FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS)):
-                return name
+    """The first flag in `args` that neither absl's FLAGS nor `LIBRARY_FLAGS`
+    defines (--noname for a boolean), or None."""
+    for name in map(_flag_name, _flags_given(args)):
+        if not (name in flags.FLAGS or name in LIBRARY_FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS)):
+            return name
     return None
 
 
@@ -157,9 +162,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
-        for arg in args[:args.index("--") if "--" in args else len(args)]:
-            name = arg.split("=", 1)[0]
-            if arg.startswith("-") and arg != "-" and not _NUMBER.match(arg) and name not in self._option_string_actions:
+        for name in (arg.split("=", 1)[0] for arg in _flags_given(args)):
+            if name not in self._option_string_actions:
                 known = [o for o in self._option_string_actions if o.startswith("--")]
                 self.error(f"unrecognized argument {name}{did_you_mean(name, known)}")
         return super().parse_args(args, namespace)

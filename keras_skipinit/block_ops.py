@@ -79,7 +79,8 @@ class BlockOps:
         return looped.RepeatedBlocks(template, prefixes, remat=self.recipe.remat, seed=self._seed,
                                      initial_values=initial_values, name=f"{prefixes[0]}_x{len(prefixes)}")(x)
 
-    def _init_seed(self):
+    def init_seed(self):
+        """The next seed of this model's initializers (None: unseeded); the methods' hooks draw theirs here too."""
         if self._seed is None:
             return None
         self._count += 1
@@ -123,10 +124,6 @@ class BlockOps:
         """The method's scalar bias ("scalar_bias": Fixup's, rule 3); the identity otherwise."""
         return self._hook("scalar_bias", x, name)
 
-    def init_seed(self):
-        """The next seed of this model's initializers (None: unseeded)."""
-        return self._init_seed()
-
     def conv(self, x, filters, kernel_size, name, strides=1, bias=False, role="plain",
              fan_mode="fan_in", init="he_normal", input_bias=True):
         """Conv2D with the paper's fixed padding for strided convs (App. G).
@@ -149,7 +146,7 @@ class BlockOps:
             raise ValueError(f"init must be one of {tuple(CONV_INITS)}, got {init!r}.")
         scale, mode, distribution = CONV_INITS[init]
         initializer = keras.initializers.VarianceScaling(
-            scale, mode=mode or fan_mode, distribution=distribution, seed=self._init_seed()
+            scale, mode=mode or fan_mode, distribution=distribution, seed=self.init_seed()
         )
         conv = keras.layers.Conv2D
         hook = self._method.hooks.get("conv")
@@ -207,7 +204,7 @@ class BlockOps:
         if hook is not None:
             x, init = hook(self, x, name)
         else:
-            init = keras.initializers.HeNormal(seed=self._init_seed())
+            init = keras.initializers.HeNormal(seed=self.init_seed())
         x = keras.layers.Dense(classes, kernel_initializer=init, name=name)(x)
         # Outputs in float32 under mixed precision (keras mixed-precision guide).
         return keras.layers.Activation(classifier_activation, dtype="float32", name=name + "_activation")(x)

@@ -109,6 +109,9 @@ def share(cores, in_use, starting):
     return max(1, (cores - in_use) // starting)
 
 
+THREADS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")  # TensorFlow's two pools, as the environment sets them
+
+
 def run_threads(inter_op):
     """A run's TensorFlow thread pools outside this process (processes,
     Ray): intra-op threads as a run here has (`machine.intra_op_threads`:
@@ -116,8 +119,8 @@ def run_threads(inter_op):
     runs equal the sequential sweep's, issue 89.4); inter-op threads, which
     only order independent ops, `inter_op` (its share of the cores).
     TF_NUM_INTEROP_THREADS set by the user wins."""
-    return {"TF_NUM_INTRAOP_THREADS": str(machine.intra_op_threads()),
-            "TF_NUM_INTEROP_THREADS": os.environ.get("TF_NUM_INTEROP_THREADS") or str(inter_op)}
+    intra, inter = THREADS
+    return {intra: str(machine.intra_op_threads()), inter: os.environ.get(inter) or str(inter_op)}
 
 
 class Processes:
@@ -131,8 +134,6 @@ class Processes:
     start at the next `wait()`. SIGINT or SIGTERM to the sweep is
     passed on to each child, whose run checkpoints and stops (the same
     command resumes it); a second ends the sweep at once (`callbacks.Interrupt`)."""
-
-    THREADS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
     def __init__(self, processes=2):
         if processes < 1:

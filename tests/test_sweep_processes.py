@@ -113,7 +113,7 @@ def test_runs_starting_together_split_the_free_cores_and_compute_as_a_run_here(m
     from keras_skipinit import executors, machine
 
     monkeypatch.setattr(machine, "cpu_count", lambda: 4)
-    for name in executors.Processes.THREADS:
+    for name in executors.THREADS:
         monkeypatch.delenv(name, raising=False)
     executor = executors.Processes(processes=2)
     try:
