@@ -46,8 +46,8 @@ setup(
                     "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"]},
     entry_points={
         "console_scripts": [
-            "keras-skipinit-train=keras_skipinit.train_cli:run",
-            "keras-skipinit-export=keras_skipinit.export_cli:run",
+            "keras-skipinit-train=keras_skipinit.cli.train_cli:run",
+            "keras-skipinit-export=keras_skipinit.cli.export_cli:run",
             "keras-skipinit-predict=keras_skipinit.predict.cli:run",
         ]
     },

@@ -6,9 +6,8 @@ import platform
 import statistics
 import time
 
-from keras_skipinit import _startup
-
-_startup.quiet_start()  # before Keras loads TensorFlow: none of its C++ start-up lines
+from keras_skipinit.cli import startup
+startup.quiet_start()  # before Keras loads TensorFlow: none of its C++ start-up lines
 
 import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-# name -> (training.Config overrides, input shape, classes, batch)
+# name -> (trainer.Config overrides, input shape, classes, batch)
 MODELS = {
     "wrn16": (dict(model="wrn", depth=16, width=1, normalization="batchnorm"), (28, 28, 1), 10, 128),
     "resnet50_v2": (dict(model="resnet_v2", depth=50, normalization="batchnorm"), (112, 112, 3), 1000, 8),
@@ -40,11 +40,10 @@ def measure(model_name, xla, warmup, steps):
     import keras
     import numpy as np
 
-    from keras_skipinit import run_model, training
-
+    from keras_skipinit.training import run_model, trainer
     overrides, shape, classes, batch = MODELS[model_name]
     keras.utils.set_random_seed(0)
-    config = training.Config(**overrides, batch_size=batch, xla=xla, epochs=10)
+    config = trainer.Config(**overrides, batch_size=batch, xla=xla, epochs=10)
     dataset = type("Data", (), dict(input_shape=shape, num_classes=classes))
     model = run_model.compiled_model(config, dataset, steps_per_epoch=100)
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """The cost of one training epoch per (method, batch size) of a batch-scaling
 preset (issue 35), measured before the sweep is planned.
 
-Each cell trains with the exact training.Config the sweep gives its runs
+Each cell trains with the exact trainer.Config the sweep gives its runs
 (`sweep.runner.config`: micro-batch, accumulation steps, ghost batch size,
 precision), through the real input pipeline and `run_model.compiled_model`,
 in a fresh process, timed over steady-state micro-steps; cells interleaved
@@ -27,13 +27,14 @@ def measure(preset_argv, key, batch, warmup, steps):
     """In this process: seconds per micro-step and per evaluated image."""
     import keras
 
-    from keras_skipinit import data as data_lib, pipelines, run_model, training
+    from keras_skipinit.data import pipelines, sources as data_lib
+    from keras_skipinit.training import run_model, trainer
     from keras_skipinit.sweep import cli, protocol, runner
 
     settings = cli.parse_args(preset_argv)
     config = runner.config(settings, (key, settings.depths[0], batch, 0.01, 0, protocol.SELECT))
     keras.utils.set_random_seed(0)
-    keras.config.set_dtype_policy(training.PRECISIONS[config.mixed_precision])
+    keras.config.set_dtype_policy(trainer.PRECISIONS[config.mixed_precision])
     dataset = data_lib.load(config.dataset, validation_examples=config.validation_examples)
     micro = config.batch_size // config.accumulation_steps
     model = run_model.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)

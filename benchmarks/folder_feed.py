@@ -24,7 +24,7 @@ import time
 
 import _common  # noqa: F401  (quiet start, before Keras)
 
-from keras_skipinit import data as data_lib, image_folder, numpy_data, pipelines, tfds_prepare  # noqa: E402
+from keras_skipinit.data import image_folder, numpy_data, pipelines, sources as data_lib, tfds_prepare  # noqa: E402
 
 
 def write_folder(root, images, labels, test_images, test_labels):

@@ -27,23 +27,20 @@ FEEDS = ("numpy", "tf.data")
 
 
 def _arrays(name, manual_dir=None):
-    from keras_skipinit import digits, numpy_data, tfds_prepare
-
+    from keras_skipinit.data import digits, numpy_data, tfds_prepare
     if name == "digits":
         return digits.load()
     return numpy_data.idx_images(manual_dir or tfds_prepare.LOCAL_COPIES["fashion_mnist"].directory, "train")
 
 
 def _feed(feed, images, labels, batch, epoch, steps):
-    from keras_skipinit import numpy_data
-
+    from keras_skipinit.data import numpy_data
     if feed == "numpy":
         return numpy_data.train_batches(images, labels, 10, batch, epoch, flip=True, num_batches=steps)
     import tensorflow as tf
 
-    from keras_skipinit import data, pipelines
-
-    dataset = data.Dataset("bench", tf.data.Dataset.from_tensor_slices((images, labels)), None, len(images), 0, 10,
+    from keras_skipinit.data import pipelines, sources
+    dataset = sources.Dataset("bench", tf.data.Dataset.from_tensor_slices((images, labels)), None, len(images), 0, 10,
                            images.shape[1:], "standardize", flip=True)
     return pipelines.train_pipeline(dataset, batch, epoch, num_batches=steps)  # as train.py gives fit on JAX
 
@@ -53,7 +50,6 @@ def measure(feed, data_name, batch, steps, manual_dir=None):
     import keras
 
     from keras_skipinit import applications as apps
-
     images, labels = _arrays(data_name, manual_dir)
     start = time.perf_counter()
     batches = _feed(feed, images, labels, batch, 9, steps)

@@ -38,12 +38,12 @@ def measure(depth, normalization, precision, xla, warmup, steps, batch_size=128)
     """In this process: seconds per training step after `warmup` steps."""
     import keras
 
-    from keras_skipinit import data as data_lib, pipelines, run_model, training
-
-    config = training.Config(depth=depth, width=1, normalization=normalization, batch_size=batch_size,
+    from keras_skipinit.data import pipelines, sources as data_lib
+    from keras_skipinit.training import run_model, trainer
+    config = trainer.Config(depth=depth, width=1, normalization=normalization, batch_size=batch_size,
                              mixed_precision=precision, xla=xla, dataset="fashion_mnist", epochs=10)
     keras.utils.set_random_seed(0)
-    keras.config.set_dtype_policy(training.PRECISIONS[precision])
+    keras.config.set_dtype_policy(trainer.PRECISIONS[precision])
     dataset = data_lib.load(config.dataset)
     model = run_model.compiled_model(config, dataset, steps_per_epoch=dataset.num_train // config.batch_size)
     stamps = {}

@@ -16,7 +16,7 @@ import _common
 import numpy as np
 from PIL import Image
 
-from keras_skipinit import image_folder
+from keras_skipinit.data import image_folder
 from records_feed import _photos
 
 BATCH, SIZE, CROP = 64, 256, 224

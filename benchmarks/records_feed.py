@@ -27,8 +27,7 @@ import time
 import _common
 import numpy as np
 
-from keras_skipinit import data, image_folder, numpy_data, pipelines, tfds_prepare
-
+from keras_skipinit.data import image_folder, numpy_data, pipelines, sources, tfds_prepare
 BATCH = 64
 
 
@@ -80,11 +79,11 @@ def main():
     photos(data_dir=f"{folder}/tfrecord").download_and_prepare()
     import tensorflow_datasets as tfds
 
-    source = photos(data_dir=f"{folder}/array_record").as_data_source(  # as data.load reads it: images encoded
+    source = photos(data_dir=f"{folder}/array_record").as_data_source(  # as sources.load reads it: images encoded
         split="train", decoders={"image": tfds.decode.SkipDecoding()})
     records = numpy_data.Records(source, (None, None, 3))
     tf_split = photos(data_dir=f"{folder}/tfrecord").as_dataset(split="train", as_supervised=True)
-    dataset = data.Dataset("photo_sample", tf_split, None, args.images, 0, 10, (None, None, 3), "imagenet", flip=True)
+    dataset = sources.Dataset("photo_sample", tf_split, None, args.images, 0, 10, (None, None, 3), "imagenet", flip=True)
 
     def numpy_feed(epoch):
         return numpy_data.train_batches(records, None, 10, BATCH, epoch, flip=True, prep="imagenet")
@@ -113,7 +112,7 @@ def main():
         os.makedirs(f"{folder}/images/test/{label}", exist_ok=True)
         Image.fromarray(image).save(f"{folder}/images/test/{label}/0.jpg")
     image_folder._fits_in_memory = lambda need: False
-    streamed = data.load(f"{folder}/images", folder=dict(image_size=224))
+    streamed = sources.load(f"{folder}/images", folder=dict(image_size=224))
 
     def folder_numpy(epoch):
         for _ in PyDatasetAdapter(numpy_data.train_batches(streamed.train, None, streamed.num_classes, BATCH, epoch,

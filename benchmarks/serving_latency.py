@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_skipinit import applications as apps, deploy, runtimes, serving
-
+from keras_skipinit import applications as apps
+from keras_skipinit.serving import deploy, runtimes, savedmodel
 MODELS = {
     "WRN-16-2 batchnorm": lambda: apps.WideResNet(16, 2, input_shape=(32, 32, 3), normalization="batchnorm"),
     "WRN-16-2 fixup": lambda: apps.WideResNet(16, 2, input_shape=(32, 32, 3), normalization="fixup"),
@@ -41,8 +41,8 @@ def main():
         x = np.random.default_rng(0).standard_normal((4,) + size).astype("float32")
         model(x, training=True)  # non-trivial BN statistics
         paths = {
-            "saved_model folded": serving.export(model, base, name.replace(" ", "_"), fold_layers=True),
-            "saved_model unfolded": serving.export(model, base, name.replace(" ", "_"), fold_layers=False),
+            "saved_model folded": savedmodel.export(model, base, name.replace(" ", "_"), fold_layers=True),
+            "saved_model unfolded": savedmodel.export(model, base, name.replace(" ", "_"), fold_layers=False),
         }
         sigs = {k: tf.saved_model.load(v).signatures["serving_default"] for k, v in paths.items()}
         calibration = np.random.default_rng(2).integers(0, 256, (16,) + size).astype("uint8")  # speed, not accuracy

@@ -1,6 +1,6 @@
 """What a sweep run costs: the figures behind the sweeps' budget arithmetic.
 
-For each depth, with the pieces `training.train` uses (the TFDS pipeline,
+For each depth, with the pieces `trainer.train` uses (the TFDS pipeline,
 the model builder, the papers' optimizer): build time, first training step
 (tracing), steady training throughput (median step), and one evaluation of
 the whole test split (tracing included). A run of N images then costs about
@@ -16,13 +16,14 @@ import time
 import _common
 import keras
 
-from keras_skipinit import data, pipelines, run_model, training
+from keras_skipinit.data import pipelines, sources
+from keras_skipinit.training import run_model, trainer
 from keras_skipinit.optimizers import ScalarLRSGD
 
 
 def measure(depth, args, dataset):
     keras.backend.clear_session()
-    config = training.Config(depth=depth, width=args.width, normalization=args.normalization, batch_size=args.batch_size,
+    config = trainer.Config(depth=depth, width=args.width, normalization=args.normalization, batch_size=args.batch_size,
                              bn_momentum=0.9 if args.normalization == "batchnorm" else None)
     start = time.perf_counter()
     model = run_model.build_model(config, dataset)
@@ -58,7 +59,7 @@ def main():
     p.add_argument("--normalization", default="batchnorm")
     p.add_argument("--steps", type=int, default=12)
     args = p.parse_args()
-    dataset = data.load(args.dataset, train_examples=args.batch_size * (args.steps + 1))
+    dataset = sources.load(args.dataset, train_examples=args.batch_size * (args.steps + 1))
     rows = [measure(int(d), args, dataset) for d in args.depths.split(",")]
     print(f"{args.normalization}, batch {args.batch_size}, {args.dataset}")
     print(_common.table(("model", "build s", "first step s", "train img/s", f"eval s ({rows[0]['num_test']} images)"),

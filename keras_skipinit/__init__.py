@@ -16,12 +16,17 @@ with Keras now if it is loaded, else when it loads (`_serializables`), so a
 import importlib
 
 from keras_skipinit import _serializables
-
 __version__ = "0.1.0"
-MODULES = ("analysis", "applications", "layers", "looped", "lsuv", "normalization", "optimizers", "schedules")
-TENSORFLOW_MODULES = ("data", "pipelines", "run_dir", "serving", "sweep", "tfds_prepare", "training", "train_cli", "export_cli")
+# The public modules by name (every backend: the first row; TensorFlow's route: the second), each folder's
+# modules listed in its __init__. The flat names of before the folders map to their modules.
+MODULES = {name: f"keras_skipinit.{name}" for name in (
+    "analysis", "applications", "layers", "looped", "lsuv", "normalization", "optimizers", "schedules",
+    "data", "serving", "sweep", "training")}
+MODULES.update(digits="keras_skipinit.data.digits", pipelines="keras_skipinit.data.pipelines",
+               tfds_prepare="keras_skipinit.data.tfds_prepare", run_dir="keras_skipinit.training.run_dir",
+               train_cli="keras_skipinit.cli.train_cli", export_cli="keras_skipinit.cli.export_cli")
 LAYERS = ("FixupBias", "GhostBatchNormalization", "SkipInitScale")
-__all__ = [*MODULES, *TENSORFLOW_MODULES, *LAYERS]
+__all__ = [*MODULES, *LAYERS]
 
 _serializables.register_with_keras()
 
@@ -29,8 +34,8 @@ _serializables.register_with_keras()
 def __getattr__(name):
     """`keras_skipinit.applications`, `.training`, ...: modules imported on
     first use (the TensorFlow ones need TensorFlow); the three layers."""
-    if name in MODULES or name in TENSORFLOW_MODULES:
-        return importlib.import_module(f"keras_skipinit.{name}")
+    if name in MODULES:
+        return importlib.import_module(MODULES[name])
     if name in LAYERS:
         return getattr(importlib.import_module("keras_skipinit.layers"), name)
     raise AttributeError(f"module 'keras_skipinit' has no attribute {name!r}")

@@ -15,8 +15,7 @@ import importlib.abc
 import importlib.util
 import sys
 
-from keras_skipinit import _startup
-
+from keras_skipinit.cli import startup
 MODULES = ("keras_skipinit.layers", "keras_skipinit.looped", "keras_skipinit.optimizers", "keras_skipinit.schedules")
 
 
@@ -67,7 +66,7 @@ class _Registering(importlib.abc.Loader):
         try:
             self._loader.exec_module(module)
         except ImportError as e:
-            missing = _startup.missing_backend()
+            missing = startup.missing_backend()
             if missing:
                 raise ImportError(missing) from e
             raise

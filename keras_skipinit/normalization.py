@@ -135,7 +135,6 @@ def _batchnorm(recipe, name):
 
 def _ghost_batchnorm(recipe, name):
     from keras_skipinit import layers as ksl
-
     return ksl.GhostBatchNormalization(recipe.ghost_batch_size, momentum=recipe.bn_momentum, epsilon=1.001e-5,
                                        name=name)
 
@@ -152,14 +151,12 @@ def _head_batchnorm(ops, x, name):
 def _fixup_bias(ops, x, name):
     """Rule 3: a scalar bias (before each conv, activation and the classifier; footnote 3: scalar, not per channel)."""
     from keras_skipinit import layers as ksl
-
     return ksl.FixupBias(name=name)(x)
 
 
 def _fixup_conv(ops, conv, initializer, role, fan_mode):
     """Rules 1-2: a branch's inner convs He-init scaled by L^(-1/(2m-2)), its last conv zero."""
     from keras_skipinit import layers as ksl
-
     if role == "branch":
         r = ops.recipe
         initializer = ksl.fixup_kernel_initializer(r.num_blocks, r.branch_layers, seed=ops.init_seed(), mode=fan_mode)
@@ -171,7 +168,6 @@ def _fixup_conv(ops, conv, initializer, role, fan_mode):
 def _fixup_branch_end(ops, x, name):
     """Rule 3: a scalar multiplier (init 1) and a scalar bias at the end of each branch."""
     from keras_skipinit import layers as ksl
-
     x = ksl.SkipInitScale(1.0, name=name + "_fixup_scale")(x)
     return ksl.FixupBias(name=name + "_fixup_bias")(x)
 
@@ -192,7 +188,6 @@ def _nf_gamma(ops, x, name):
     import keras
 
     from keras_skipinit import layers as ksl
-
     return keras.layers.Rescaling(ksl.NF_RELU_GAMMA, name=name + "_gamma")(x)
 
 
@@ -201,7 +196,6 @@ def _nf_conv(ops, conv, initializer, role, fan_mode):
     import keras
 
     from keras_skipinit import layers as ksl
-
     return ksl.ScaledWSConv2D, keras.initializers.RandomNormal(seed=ops.init_seed())
 
 

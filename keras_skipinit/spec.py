@@ -22,7 +22,8 @@ import dataclasses
 import math
 import os
 
-from keras_skipinit import normalization as norm_lib, preprocessing as preprocessing_lib
+from keras_skipinit import normalization as norm_lib
+from keras_skipinit.data import preprocessing as preprocessing_lib
 from keras_skipinit._checks import is_int
 
 # --- the architectures ----------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class Config:
     init_from: str | None = setting(None, "Start from another run's weights: a train.py model_dir (its newest "
                                     "state), a .keras file or a .weights.h5 file of the same --model, --depth, "
                                     "--width and --normalization; its classifier too where its classes are this "
-                                    "run's, else the method's own init (keras_skipinit.finetune). Or "
+                                    "run's, else the method's own init (keras_skipinit.training.finetune). Or "
                                     f"'{IMAGENET_WEIGHTS}': keras.applications' ImageNet weights (--model=resnet_v1|"
                                     "resnet_v2, --normalization=batchnorm|ghost_batchnorm; downloaded by Keras once), "
                                     "the run preprocessing as they expect. A resumed run continues from its own "
@@ -186,7 +187,7 @@ class Config:
                            "cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>"
                            f"{RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated); or a folder of your "
                            "own images, PATH/train/<class>/<image> and PATH/test/<class>/<image> (or PATH/<class>/<image> "
-                           "with --validation_examples; keras_skipinit.image_folder).", experiment=True)
+                           "with --validation_examples; keras_skipinit.data.image_folder).", experiment=True)
     image_size: int | None = setting(None, "A folder --dataset: the square size images are resized and centre-cropped "
                                      "to (default: their own size when they all share one, else the model's: 32 for "
                                      "wrn and cifar_resnet, 224 for the ResNets).", lower=1, experiment=True)
@@ -330,8 +331,7 @@ def across_error(values):
     architecture's depths; --image_size and --channels, which only a folder
     --dataset reads (elsewhere ignored but recorded). Keras-free: train.py's
     flags answer it before Keras loads, where it came 6-13 s after (issue 91)."""
-    from keras_skipinit import image_folder
-
+    from keras_skipinit.data import image_folder
     if values["model"] in ARCHITECTURES:
         try:
             ARCHITECTURES[values["model"]].check_depth(values["depth"])

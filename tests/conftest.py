@@ -19,7 +19,7 @@ def _startup_module():
     """The package's `_startup`, loaded from its file: importing the package would import Keras first."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "_startup.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "cli", "startup.py")
     spec = importlib.util.spec_from_file_location("_keras_skipinit_startup", path)
     startup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(startup)
@@ -151,8 +151,7 @@ def mock_tfds(monkeypatch):
     step aside too."""
     import tensorflow_datasets as tfds
 
-    from keras_skipinit import tfds_prepare
-
+    from keras_skipinit.data import tfds_prepare
     monkeypatch.setattr(tfds_prepare, "prepare", lambda builder, manual_dir=None: builder)
     return tfds.testing.mock_data
 
@@ -160,9 +159,9 @@ def mock_tfds(monkeypatch):
 _CLI_CASES = r"""
 import contextlib, io, json, sys, traceback
 from absl import flags
-from keras_skipinit import _cli
+from keras_skipinit.cli import parsing
 name, cases = sys.argv[1], json.loads(sys.argv[2])
-module = __import__(f"keras_skipinit.{name}_cli", fromlist=["main"])
+module = __import__(f"keras_skipinit.cli.{name}_cli", fromlist=["main"])
 program = {"train": "train.py", "export": "export"}[name]
 results = []
 for argv in cases:
@@ -171,7 +170,7 @@ for argv in cases:
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            _cli.run(module.main, module.USAGE, program)
+            parsing.run(module.main, module.USAGE, program)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:
@@ -188,8 +187,7 @@ def train_py_in_process(*argv):
     command, flag errors included."""
     from absl import flags
 
-    from keras_skipinit import train_cli
-
+    from keras_skipinit.cli import train_cli
     flags.FLAGS(["train.py", *argv])
     try:
         return train_cli.main(["train.py"])
@@ -200,7 +198,7 @@ def train_py_in_process(*argv):
 def run_cli_cases(name, cases, root, timeout=600):
     """The command `name` ("train" or "export") run once per argv in `cases`,
     all in one process (one TensorFlow start instead of one per case): absl's
-    flags reset, the command's own entry (`_cli.run`: flag parsing, main, exit
+    flags reset, the command's own entry (`parsing.run`: flag parsing, main, exit
     status) as a new process runs it. Returns (status, stdout, stderr) per case."""
     import json
     import subprocess

@@ -7,8 +7,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_skipinit import analysis, analysis_flags, applications as apps
-
+from keras_skipinit import analysis, applications as apps
+from keras_skipinit.analysis import command, flags
 RNG = np.random.default_rng(0)
 
 
@@ -143,7 +143,7 @@ def test_an_interrupted_analysis_keeps_the_methods_it_measured(tmp_path, monkeyp
         return measure(model, x)
 
     interrupted_on_the_second.calls = 0
-    monkeypatch.setattr(analysis, "block_statistics", interrupted_on_the_second)
+    monkeypatch.setattr(command, "block_statistics", interrupted_on_the_second)
     with pytest.raises(SystemExit) as exit_info:
         analysis.main(["--depth=10", "--normalizations=skipinit,batchnorm", "--batch_size=8", f"--out={tmp_path}"])
     assert exit_info.value.code == 130
@@ -157,7 +157,7 @@ def test_an_unknown_method_is_refused_by_the_flags_alone(capsys):
     """--normalizations is checked by the flag parser, which runs before Keras
     loads (`_cli.preparse`): one line naming the unknown names and the known."""
     with pytest.raises(SystemExit):
-        analysis_flags.build_parser().parse_args(["--normalizations=skipinit,layernorm"])
+        flags.build_parser().parse_args(["--normalizations=skipinit,layernorm"])
     err = capsys.readouterr().err
     assert "'layernorm': not one of batchnorm, ghost_batchnorm, skipinit" in err and "'skipinit'" not in err
 
@@ -168,7 +168,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_by_the_flags_alone(tmp_
     before Keras loads, and makes nothing."""
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as exit_info:
-        analysis_flags.build_parser().parse_args([f"--out={tmp_path}/file/spp"])
+        flags.build_parser().parse_args([f"--out={tmp_path}/file/spp"])
     assert exit_info.value.code == 2
     assert f"argument --out: {tmp_path}/file/spp cannot be made: {tmp_path}/file is a file" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["file"]
@@ -212,7 +212,7 @@ def test_function_change_is_the_sgd_steps_logit_change_per_unit_rate(tmp_path):
 def test_a_function_change_that_overflows_is_explained(tmp_path, monkeypatch, capsys):
     """Without normalization the deep nets' logits overflow at init: the line said "nan" unexplained (issue
     89.6); it says why, and the JSON holds null."""
-    monkeypatch.setattr(analysis, "function_change", lambda model, x, y, lr: float("nan"))
+    monkeypatch.setattr(command, "function_change", lambda model, x, y, lr: float("nan"))
     analysis.main(["--function_change", "--depths=10", "--normalizations=none", "--batch_size=8", f"--out={tmp_path}"])
     (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith("none depth 10")]
     assert line.endswith(": not finite, the logits or the step overflow float32 at init (no normalization keeps the "
@@ -220,9 +220,8 @@ def test_a_function_change_that_overflows_is_explained(tmp_path, monkeypatch, ca
     assert json.load(open(tmp_path / "function_change.json")) == {"none": {"10": None}}
     # A deep net says it is building before the minute it takes (issue 89.5: 57 s without a line at 1000)
     from keras_skipinit import applications
-
     monkeypatch.setattr(applications, "build", lambda *a, **k: None)
-    monkeypatch.setattr(analysis, "function_change", lambda model, x, y, lr: 1.0)
+    monkeypatch.setattr(command, "function_change", lambda model, x, y, lr: 1.0)
     analysis.main(["--function_change", "--depths=1000", "--normalizations=fixup", "--batch_size=8", f"--out={tmp_path}"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "fixup depth 1000: building and taking the step (a minute or more on a CPU)...", lines

@@ -89,8 +89,7 @@ def test_imagenet_weights_offline_are_one_line_saying_where_to_put_them(monkeypa
     (issue 91.14): one ValueError naming the network, the failure and Keras' cache folder."""
     from keras.src.utils import file_utils
 
-    from keras_skipinit import finetune
-
+    from keras_skipinit.training import finetune
     failure = "URL fetch failure on https://example/w.h5: None -- [Errno -3] Temporary failure in name resolution"
 
     def offline(*args, **kwargs):

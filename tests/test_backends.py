@@ -19,7 +19,7 @@ import pytest
 
 from conftest import require_module, session_dir, tf_only
 from keras_skipinit import applications as apps
-from keras_skipinit.checkpoint import Checkpoint
+from keras_skipinit.training.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files whose numerics run backend code: the custom layers, every model family x every
@@ -127,11 +127,11 @@ def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path
 
 SGD_STEPS = r"""
 import sys, numpy as np, keras
-from keras_skipinit import run_model, training
+from keras_skipinit.training import run_model, trainer
 folder = sys.argv[1]
 data = type("Data", (), dict(input_shape=(16, 16, 3), num_classes=10))
 for name in sys.argv[2].split(","):
-    model = run_model.compiled_model(training.Config(depth=10, width=1, normalization=name, learning_rate=0.1,
+    model = run_model.compiled_model(trainer.Config(depth=10, width=1, normalization=name, learning_rate=0.1,
                                                     epochs=4, schedule="cifar"), data, 1)
     model.load_weights(f"{folder}/{name}_init.weights.h5")
     model.fit(np.load(f"{folder}/x.npy"), np.load(f"{folder}/y.npy"), batch_size=8, epochs=1, shuffle=False,
@@ -279,11 +279,12 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
 
 SAME_STEPS = r"""
 import json, sys, numpy as np, keras
-from keras_skipinit import data, run_model, training
+from keras_skipinit.data import sources
+from keras_skipinit.training import run_model, trainer
 folder = sys.argv[1]
-config = training.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0,
+config = trainer.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0,
                          model_dir=folder + "/unused")
-dataset = data.load(config.dataset, train_examples=256)
+dataset = sources.load(config.dataset, train_examples=256)
 model = run_model.compiled_model(config, dataset, steps_per_epoch=4)  # the cifar schedule halves from step 4 on
 model.load_weights(folder + "/init.weights.h5")
 batches = np.load(folder + "/batches.npz")
@@ -305,10 +306,10 @@ def test_the_model_and_optimizer_take_the_same_steps_on_both_backends(tmp_path):
     not the backend (README, "On JAX"). This pins the first half: a backend's optimizer or schedule that
     drifts fails here."""
     require_jax()
-    from keras_skipinit import data, numpy_data, run_model, training
-
-    config = training.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0)
-    dataset = data.load(config.dataset, train_examples=256)
+    from keras_skipinit.data import numpy_data, sources
+    from keras_skipinit.training import run_model, trainer
+    config = trainer.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0)
+    dataset = sources.load(config.dataset, train_examples=256)
     run_model.compiled_model(config, dataset, steps_per_epoch=4).save_weights(tmp_path / "init.weights.h5")
     feed = numpy_data.train_batches(*dataset.train, dataset.num_classes, 32, 0, 0, dataset.flip, prep=dataset.preprocessing)
     x, y = zip(*(feed[i] for i in range(6)))
@@ -344,8 +345,7 @@ def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
 
     # A checkpoint written mid-epoch by tf.data's order is refused on JAX's NumPy feed (its order is
     # another: the epoch would train some examples twice), in one line, before any step.
-    from keras_skipinit import training
-
+    from keras_skipinit.training import trainer
     class Killed(Exception):
         pass
 
@@ -358,7 +358,7 @@ def test_a_run_started_on_tensorflow_resumes_on_jax(tmp_path):
     Checkpoint.save = killed_mid_epoch
     try:
         with pytest.raises(Killed):
-            training.train(training.Config(depth=10, width=1, steps_per_epoch=3, checkpoint_steps=1, epochs=1,
+            trainer.train(trainer.Config(depth=10, width=1, steps_per_epoch=3, checkpoint_steps=1, epochs=1,
                                            verbose=0, model_dir=str(tmp_path / "mid")))
     finally:
         Checkpoint.save = save

@@ -171,25 +171,25 @@ def test_bad_arguments_raise_clear_value_errors(kwargs, match):
 def test_trains_from_the_trainer_and_exports_for_serving(tmp_path):
     import tensorflow as tf
 
-    from keras_skipinit import serving, training
-
+    from keras_skipinit.serving import savedmodel
+    from keras_skipinit.training import trainer
     model_dir = str(tmp_path / "run")
-    config = training.Config(model="cifar_resnet", depth=8, normalization="fixup", shortcut="B",
+    config = trainer.Config(model="cifar_resnet", depth=8, normalization="fixup", shortcut="B",
                              stem_init="pytorch_default", epochs=1, steps_per_epoch=3, verbose=0, model_dir=model_dir)
-    results = training.train(config)
+    results = trainer.train(config)
     assert results["config"]["model"] == "cifar_resnet"
-    model, preprocessing, _ = serving.load_source(model_dir)
+    model, preprocessing, _ = savedmodel.load_source(model_dir)
     assert model.name == "cifar_resnet8"
     spec = json.loads(open(os.path.join(model_dir, "model_spec.json")).read())["model"]
     assert (spec["shortcut"], spec["stem_init"]) == ("B", "pytorch_default")
     assert "stage2_block1_0_conv" in [layer.name for layer in model.layers]  # option B: a 1x1 projection
     assert any(w.numpy().any() for w in model.get_layer("predictions").weights)  # it trained
-    path = serving.export(model, str(tmp_path / "serving"), "cifar", preprocessing=preprocessing)
+    path = savedmodel.export(model, str(tmp_path / "serving"), "cifar", preprocessing=preprocessing)
     images = tf.constant(RNG.integers(0, 256, (2, 28, 28, 1)).astype("uint8"))
     served = tf.saved_model.load(path).signatures["serving_default"]
     np.testing.assert_allclose(served(images=images)["probabilities"],
                                model(tf.image.per_image_standardization(images), training=False), atol=1e-5)
     with pytest.raises(ValueError, match="6n\\+2"):
-        training.train(training.Config(model="cifar_resnet", depth=16, verbose=0, model_dir=str(tmp_path / "bad")))
+        trainer.train(trainer.Config(model="cifar_resnet", depth=16, verbose=0, model_dir=str(tmp_path / "bad")))
     with pytest.raises(ValueError, match="shortcut applies only to model=cifar_resnet"):
-        training.train(training.Config(model="wrn", shortcut="B", verbose=0, model_dir=str(tmp_path / "bad")))
+        trainer.train(trainer.Config(model="wrn", shortcut="B", verbose=0, model_dir=str(tmp_path / "bad")))

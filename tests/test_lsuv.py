@@ -3,8 +3,6 @@ import numpy as np
 import pytest
 
 from keras_skipinit import analysis, applications as apps, lsuv
-
-
 def digits(n=64):
     """Standardized real digits (no TensorFlow: runs under every backend)."""
     return analysis.real_digits(n, seed=0)
@@ -52,10 +50,9 @@ def test_models_with_normalization_are_refused(normalization, match):
 
 @pytest.mark.heavy
 def test_train_py_flag(tmp_path):
-    from keras_skipinit import training
-
+    from keras_skipinit.training import trainer
     with pytest.raises(ValueError, match="lsuv initializes networks without normalization"):
-        training.train(training.Config(lsuv=True, normalization="batchnorm", model_dir=str(tmp_path / "a")))
-    results = training.train(training.Config(depth=10, normalization="none", lsuv=True, epochs=1, steps_per_epoch=3,
+        trainer.train(trainer.Config(lsuv=True, normalization="batchnorm", model_dir=str(tmp_path / "a")))
+    results = trainer.train(trainer.Config(depth=10, normalization="none", lsuv=True, epochs=1, steps_per_epoch=3,
                                              verbose=0, model_dir=str(tmp_path / "b")))
     assert results["status"] == "completed" and results["config"]["lsuv"] is True

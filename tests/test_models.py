@@ -56,16 +56,15 @@ def test_a_method_is_one_record(monkeypatch, tmp_path):
     """A method added by one `normalization.METHODS` record (and its layer),
     touching no other module, passes the guarantees above and reaches
     training's rules: the design of normalization.py, proved."""
-    from keras_skipinit import run_model, training
-
+    from keras_skipinit.training import run_model, trainer
     toy = norm_lib.Method("Layer normalization", "a test", norm=lambda recipe, name: keras.layers.LayerNormalization(
         epsilon=1e-5, name=name), normalizes=True, scalar_lr=0.5)
     monkeypatch.setitem(norm_lib.METHODS, "layernorm", toy)
     model = _builds_trains_round_trips_and_folds("cifar_resnet8", "layernorm", tmp_path)  # the smallest family
     assert [layer for layer in model.layers if isinstance(layer, keras.layers.LayerNormalization)]
-    assert run_model.scalar_lr(training.Config(normalization="layernorm")) == 0.5
+    assert run_model.scalar_lr(trainer.Config(normalization="layernorm")) == 0.5
     with pytest.raises(ValueError, match="lsuv initializes networks without normalization"):
-        training.validate(training.Config(normalization="layernorm", lsuv=True, model_dir=str(tmp_path / "run")))
+        trainer.validate(trainer.Config(normalization="layernorm", lsuv=True, model_dir=str(tmp_path / "run")))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -151,8 +150,7 @@ def _builds_trains_round_trips_and_folds(name, normalization, tmp_path):
     assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in model.layers]
     np.testing.assert_allclose(loaded(x, training=False), want, atol=1e-6)
     if BACKEND == "tensorflow":  # serving is TensorFlow code
-        from keras_skipinit import inference
-
+        from keras_skipinit.serving import inference
         folded = inference.fold(model)  # float32 reassociation of (W*s) x vs s*(W x) only
         np.testing.assert_allclose(folded(x), want, rtol=1e-4, atol=1e-6)
         # NF's weight-standardized convs become plain convs (exporters and runtimes know those).

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import require_fashion_mnist
-from keras_skipinit import digits, numpy_data, preprocessing
-
-
+from keras_skipinit.data import digits, numpy_data, preprocessing
 def test_a_batch_is_a_function_of_seed_epoch_and_step_and_each_pass_sees_every_example_once():
     images, labels = digits.load()
     images, labels = images[:50], labels[:50]
@@ -131,10 +129,9 @@ def test_records_read_per_batch_give_the_batches_arrays_give():
                     numpy_data.eval_batches(*arrays, 10, 16, whole_batches=True)[2]):
         np.testing.assert_array_equal(a, b)
     # --validation_examples and --train_examples over records: the same examples as over arrays.
-    from keras_skipinit import data
-
+    from keras_skipinit.data import sources
     whole = numpy_data.Records(source, (28, 28, 1))
-    held = data._in_memory("s", whole, whole, train_examples=20, held_out=10, flip=False, label_names=tuple("abcdefghij"))
+    held = sources._in_memory("s", whole, whole, train_examples=20, held_out=10, flip=False, label_names=tuple("abcdefghij"))
     assert (held.num_train, held.num_test, held.raw_shape, held.eval_split) == (20, 10, (28, 28, 1), "validation")
     assert (held.train.start, held.train.stop, held.test.start, held.test.stop) == (0, 20, 50, 60)
 

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from conftest import require_module, tf_only
-from keras_skipinit import digits, preprocessing, run_dir, training
+from keras_skipinit.data import digits, preprocessing
+from keras_skipinit.training import model_files, run_dir, trainer
 from keras_skipinit.predict import cli as predict
 
 
@@ -21,7 +22,7 @@ from keras_skipinit.predict import cli as predict
 def run_and_images(tmp_path_factory):
     """A 20-step WRN-10-1 run on the embedded digits, and 40 of its test digits as PNG files (4 of each)."""
     root = tmp_path_factory.mktemp("predict")
-    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
+    trainer.train(trainer.Config(depth=10, width=1, epochs=1, steps_per_epoch=20, learning_rate=0.05,
                                    alpha_init="one", verbose=0, model_dir=str(root / "run")))
     (_, _), (x, y) = digits.split()
     folder = root / "images" / "nested"
@@ -47,7 +48,7 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
     status, lines = answers(capsys, f"--source={run}", images, "--top_k=2", f"--output={csv_path}")
     files = sorted(str(p) for p in images.rglob("*.png"))
     assert status == 0 and [line[0] for line in lines] == files and all(len(line) == 5 for line in lines)
-    model, prep, _ = run_dir.newest_model(str(run))
+    model, prep, _ = model_files.newest_model(str(run))
     x = np.stack([np.asarray(Image.open(f))[..., None] for f in files])
     want = np.argmax(np.asarray(model(preprocessing.get(prep).numpy(x), training=False)), axis=-1)
     assert [line[1] for line in lines] == [str(c) for c in want]  # the digits' class names are "0".."9"
@@ -62,7 +63,7 @@ def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_an
     naming --preprocessing, which then answers as the run (--labels names its
     classes); an export (which preprocesses inside) refuses the flag."""
     run, images = run_and_images
-    model, _, _ = run_dir.newest_model(str(run))
+    model, _, _ = model_files.newest_model(str(run))
     model.save(tmp_path / "plain.keras")
     with pytest.raises(SystemExit):
         predict.main([f"--source={tmp_path / 'plain.keras'}", str(images)])
@@ -104,7 +105,7 @@ def test_a_model_of_non_square_images_answers_and_a_size_free_one_is_refused(tmp
     from keras_skipinit.applications import WideResNet
 
     model = WideResNet(10, 1, input_shape=(24, 40, 1), classes=3, seed=0, normalization="skipinit", alpha_init="one")
-    run_dir.save_model(model, str(tmp_path / "wide.keras"), "standardize")
+    model_files.save_model(model, str(tmp_path / "wide.keras"), "standardize")
     rng = np.random.default_rng(0)
     same = rng.integers(0, 256, (24, 40), np.uint8)
     Image.fromarray(same).save(tmp_path / "same.png")
@@ -227,11 +228,10 @@ def test_a_folder_is_searched_for_the_formats_a_training_folder_reads(tmp_path):
 def test_the_saved_model_answers_as_the_run(run_and_images, capsys, tmp_path):
     """The file users deploy is the file that answers: the SavedModel's
     serving_default gives the run's top-1 labels on every image (the issue asks 95%)."""
-    from keras_skipinit import serving
-
+    from keras_skipinit.serving import savedmodel
     run, images = run_and_images
-    model, prep, _ = serving.load_source(str(run))
-    saved = serving.export(model, str(tmp_path / "serving"), "digits", preprocessing=prep,
+    model, prep, _ = savedmodel.load_source(str(run))
+    saved = savedmodel.export(model, str(tmp_path / "serving"), "digits", preprocessing=prep,
                            labels=run_dir.read_spec(str(run))["labels"])
     _, from_run = answers(capsys, f"--source={run}", images)
     status, from_saved = answers(capsys, f"--source={saved}", images)
@@ -247,12 +247,11 @@ def test_a_saved_model_names_every_class_not_only_its_served_top_k(run_and_image
     """The export writes every class name (assets.extra/labels.txt): on one
     image, a SavedModel serving the top 1 answers --top_k=3 with three names
     (from the signature's top_k_labels alone the other two were indices)."""
-    from keras_skipinit import serving
-
+    from keras_skipinit.serving import savedmodel
     run, images = run_and_images
-    model, prep, _ = serving.load_source(str(run))
+    model, prep, _ = savedmodel.load_source(str(run))
     names = [f"digit {d}" for d in range(10)]
-    saved = serving.export(model, str(tmp_path / "serving"), "named", preprocessing=prep, labels=names, top_k=1)
+    saved = savedmodel.export(model, str(tmp_path / "serving"), "named", preprocessing=prep, labels=names, top_k=1)
     status, (line,) = answers(capsys, f"--source={saved}", images / "nested" / "7_0.png", "--top_k=3")
     assert status == 0 and all(label in names for label in line[1::2]) and len(line) == 7
 
@@ -263,7 +262,7 @@ def _imagenet_model_and_pictures(tmp_path):
     from keras_skipinit.applications import WideResNet
 
     model = WideResNet(10, 1, input_shape=(224, 224, 3), classes=5, normalization="skipinit", alpha_init="one", seed=0)
-    run_dir.save_model(model, str(tmp_path / "m.keras"), "imagenet")
+    model_files.save_model(model, str(tmp_path / "m.keras"), "imagenet")
     rows, cols = np.mgrid[:300, :260]
     for i in range(3):
         image = np.stack([(rows * (i + 1)) % 256, (cols * 2) % 256, np.full_like(rows, 40 * i)], -1)
@@ -279,8 +278,8 @@ def test_litert_and_onnx_files_of_an_imagenet_model_answer_as_its_keras_file(tmp
     224 as the run does (it resized straight to 224, another crop: other answers; issue 91.2)."""
     for module in ("ai_edge_litert", "onnxruntime", "tf2onnx"):
         require_module(module, 'pip install -e ".[export]"')
-    from keras_skipinit import deploy, image_folder
-
+    from keras_skipinit.data import image_folder
+    from keras_skipinit.serving import deploy
     model = _imagenet_model_and_pictures(tmp_path)
     pictures = [tmp_path / f"{i}.png" for i in range(3)]
     status, lines = answers(capsys, f"--source={tmp_path / 'm.keras'}", "--top_k=5", *pictures)
@@ -305,10 +304,9 @@ def test_litert_and_onnx_files_of_an_imagenet_model_answer_as_its_keras_file(tmp
 def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size(tmp_path, capsys):
     """A SavedModel that resizes and crops itself (ImageNet preprocessing) answers what its .keras file
     answers on the same large, non-square images: its crop is the run's, not a crop of predict's crop."""
-    from keras_skipinit import serving
-
+    from keras_skipinit.serving import savedmodel
     model = _imagenet_model_and_pictures(tmp_path)
-    saved = serving.export(model, str(tmp_path / "serving"), "m", preprocessing="imagenet")
+    saved = savedmodel.export(model, str(tmp_path / "serving"), "m", preprocessing="imagenet")
     got = {}
     for source in (tmp_path / "m.keras", saved):
         status, lines = answers(capsys, f"--source={source}", "--top_k=5", tmp_path / "0.png", tmp_path / "1.png",
@@ -322,13 +320,12 @@ def test_an_imagenet_saved_model_answers_as_its_keras_file_on_images_of_any_size
 
 @tf_only
 def test_litert_and_onnx_files_answer_as_the_run(run_and_images, capsys, tmp_path):
-    from keras_skipinit import deploy, serving
-
+    from keras_skipinit.serving import deploy, savedmodel
     for module in ("ai_edge_litert", "onnxruntime", "tf2onnx"):
         require_module(module, 'pip install -e ".[export]"')
     run, images = run_and_images
     _, from_run = answers(capsys, f"--source={run}", images)
-    model, prep, _ = serving.load_source(str(run))
+    model, prep, _ = savedmodel.load_source(str(run))
     names = [f"digit {label}" for label in run_dir.read_spec(str(run))["labels"]]  # not the class indices
     for fmt in ("litert", "onnx"):
         path = deploy.export_file(model, fmt, str(tmp_path / f"m{deploy.FORMATS[fmt].suffix}"), prep, labels=names)

@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from keras_skipinit import publish
-
+from keras_skipinit.serving import publish
 SUFFIXES = (".tflite", ".onnx")
 
 

@@ -6,8 +6,7 @@ import os
 import re
 import shlex
 
-from keras_skipinit import run_dir
-
+from keras_skipinit.training import run_dir
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("readme_blocks", os.path.join(ROOT, ".ci", "readme_blocks.py"))
 readme_blocks = importlib.util.module_from_spec(_spec)

@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 
 from conftest import run_cli_cases, train_py_in_process
-from keras_skipinit import _startup, applications as apps, files, run_dir, serving, training
+from keras_skipinit import applications as apps, files
+from keras_skipinit.cli import startup
+from keras_skipinit.serving import savedmodel
+from keras_skipinit.training import model_files, run_dir, trainer
 from keras_skipinit.normalization import NORMALIZATIONS
-from keras_skipinit.checkpoint import Checkpoint, random_state
+from keras_skipinit.training.checkpoint import Checkpoint, random_state
 from keras_skipinit.optimizers import ScalarLRSGD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,7 +178,7 @@ def test_a_finished_run_rerun_is_left_alone_and_other_flags_are_refused(tmp_path
     """train.py on a used model_dir: the same flags leave a complete run alone;
     other flags are one line naming each difference (train.py's main in this process)."""
     model_dir = tmp_path / "run"
-    training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    trainer.train(trainer.Config(depth=10, width=1, epochs=1, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
     before = (model_dir / "results.json").read_text()
     assert train_py_in_process(*QUICK, f"--model_dir={model_dir}") == 0
     same_out = capsys.readouterr().out
@@ -190,7 +193,7 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
     """Reported: killed as --normalization=none, it resumed as sqrt2 silently.
     A different depth printed 14 KB of layer reprs."""
     model_dir = tmp_path / "run"
-    config = training.Config(depth=10, normalization="none", epochs=1, steps_per_epoch=2, verbose=0,
+    config = trainer.Config(depth=10, normalization="none", epochs=1, steps_per_epoch=2, verbose=0,
                              model_dir=str(model_dir))
 
     class Killed(Exception):
@@ -199,15 +202,15 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
     def killed(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(training.pipelines, "eval_pipeline", killed)  # killed once its model_spec.json is written
+    monkeypatch.setattr(trainer.pipelines, "eval_pipeline", killed)  # killed once its model_spec.json is written
     with pytest.raises(Killed):
-        training.train(config)
+        trainer.train(config)
     monkeypatch.undo()
     assert (model_dir / run_dir.SPEC).exists() and not (model_dir / run_dir.RESULTS).exists()
     for change, named in ((dict(normalization="sqrt2"), "--normalization ('none' there, 'sqrt2' now)"),
                           (dict(depth=16), "--depth (10 there, 16 now)")):
         with pytest.raises(ValueError) as info:
-            training.train(training.Config(**{**config.__dict__, **change}))
+            trainer.train(trainer.Config(**{**config.__dict__, **change}))
         assert named in str(info.value) and len(str(info.value)) < 400
 
 
@@ -218,17 +221,17 @@ def test_raising_epochs_continues_and_restart_starts_over(tmp_path, capsys):
     schedule_epochs), not the schedule of a run of the longer length."""
     model_dir = str(tmp_path / "run")
     base = dict(depth=10, epochs=1, steps_per_epoch=2, verbose=0, model_dir=model_dir)
-    straight = training.train(training.Config(**base))
+    straight = trainer.train(trainer.Config(**base))
     assert straight["schedule_segments"] == [{"first_epoch": 1, "last_epoch": 1, "schedule_epochs": 1}]
-    more = training.train(training.Config(**{**base, "epochs": 2}))
+    more = trainer.train(trainer.Config(**{**base, "epochs": 2}))
     assert more["epochs_completed"] == 2 and "already_complete" not in more
     assert more["schedule_segments"] == [{"first_epoch": 1, "last_epoch": 1, "schedule_epochs": 1},
                                          {"first_epoch": 2, "last_epoch": 2, "schedule_epochs": 2}]
     assert [row["schedule_epochs"] for row in run_dir.read_history(model_dir)] == [1, 2]
     assert "continuation, not a 2-epoch run" in capsys.readouterr().out
     with pytest.raises(ValueError, match="below the 2 epochs already trained"):
-        training.train(training.Config(**base))
-    fresh = training.train(training.Config(**{**base, "learning_rate": 0.02, "restart": True}))
+        trainer.train(trainer.Config(**base))
+    fresh = trainer.train(trainer.Config(**{**base, "learning_rate": 0.02, "restart": True}))
     assert fresh["epochs_completed"] == 1 and fresh["config"]["learning_rate"] == 0.02
     assert len(open(os.path.join(model_dir, "history.csv")).read().splitlines()) == 2
 
@@ -250,7 +253,7 @@ def test_a_model_dir_is_held_by_one_process_at_a_time(tmp_path):
             time.sleep(0.1)
         assert first.poll() is None, "the first run ended before the second started"
         with pytest.raises(ValueError) as refused:
-            training.train(training.Config(depth=10, width=1, epochs=1, steps_per_epoch=3000, verbose=0,
+            trainer.train(trainer.Config(depth=10, width=1, epochs=1, steps_per_epoch=3000, verbose=0,
                                            model_dir=str(model_dir)))
         assert first.poll() is None, "the first run ended before the second was refused"
         message = str(refused.value)
@@ -272,11 +275,11 @@ def test_unwritable_model_and_export_dirs_are_refused_before_anything_is_made(tm
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: not str(p).startswith(readonly) and real_access(p, mode))
     with pytest.raises(ValueError, match=f"--model_dir={readonly}/a/run cannot be written: {readonly} is not writable"):
-        training.validate(training.Config(model_dir=f"{readonly}/a/run"))
+        trainer.validate(trainer.Config(model_dir=f"{readonly}/a/run"))
     with pytest.raises(ValueError, match="base_path=.* is not writable"):
-        serving.check_target(f"{readonly}/serving", "m")
+        savedmodel.check_target(f"{readonly}/serving", "m")
     with pytest.raises(ValueError, match="^--export_dir=.* is not writable"):  # train.py's flag, named as such
-        serving.check_target(f"{readonly}/serving", "m", "--export_dir")
+        savedmodel.check_target(f"{readonly}/serving", "m", "--export_dir")
     assert os.listdir(readonly) == []
     open(f"{tmp_path}/file", "w").close()  # a file where a folder would have to be made
     with pytest.raises(ValueError, match=f"^--out={tmp_path}/file/a cannot be made: {tmp_path}/file is a file$"):
@@ -330,7 +333,7 @@ def test_an_export_failure_after_training_keeps_the_results(tmp_path, monkeypatc
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(serving, "export", broken)
+    monkeypatch.setattr(savedmodel, "export", broken)
     model_dir = tmp_path / "run"
     assert train_py_in_process(*QUICK, f"--model_dir={model_dir}", f"--export_dir={tmp_path}/serving") == 4
     results = json.loads((model_dir / "results.json").read_text())
@@ -358,7 +361,7 @@ def test_console_commands_resolve_and_run_help(command, module):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert command in proc.stdout and ("--normalization" if module == "train_cli" else "--base_path") in proc.stdout
     assert "--logtostderr" not in proc.stdout and "--test_tmpdir" not in proc.stdout  # absl's and libraries' own
-    assert not [line for line in proc.stderr.splitlines() if _startup.is_noise(line)], proc.stderr[-2000:]
+    assert not [line for line in proc.stderr.splitlines() if startup.is_noise(line)], proc.stderr[-2000:]
 
 
 @pytest.fixture
@@ -403,22 +406,21 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, full_
 
 @pytest.mark.heavy
 def test_export_takes_model_keras_where_it_is_newer_than_every_readable_checkpoint(tmp_path, capsys):
-    from keras_skipinit import serving
-
+    from keras_skipinit.serving import savedmodel
     model_dir = tmp_path / "run"
-    training.train(training.Config(depth=10, epochs=2, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
+    trainer.train(trainer.Config(depth=10, epochs=2, steps_per_epoch=2, verbose=0, model_dir=str(model_dir)))
     (_, _, newest), (_, _, older) = Checkpoint(str(model_dir / "checkpoint")).all()
     open(os.path.join(newest, Checkpoint.WEIGHTS), "wb").close()  # epoch 2's: model.keras holds it too
-    model, _, source = serving.load_source(str(model_dir))
+    model, _, source = savedmodel.load_source(str(model_dir))
     assert source.endswith("model.keras") and "is newer than the newest readable checkpoint" in capsys.readouterr().err
     assert same_weights(model, keras.models.load_model(model_dir / "model.keras"))
     open(os.path.join(older, Checkpoint.WEIGHTS), "wb").close()
-    model, preprocessing, source = serving.load_source(str(model_dir))
+    model, preprocessing, source = savedmodel.load_source(str(model_dir))
     assert source.endswith("model.keras") and preprocessing == "standardize"
     assert "no readable checkpoint" in capsys.readouterr().err
     os.remove(model_dir / "model.keras")
     with pytest.raises(ValueError, match="no readable checkpoint"):
-        serving.load_source(str(model_dir))
+        savedmodel.load_source(str(model_dir))
 
 
 # --- a quiet start -------------------------------------------------------------------------
@@ -448,7 +450,7 @@ def test_commands_start_without_tensorflow_start_up_lines(command):
     if command[0].endswith("train.py"):
         loud = subprocess.run(args, capture_output=True, text=True, timeout=300,
                               env={**env, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=ROOT)
-        assert any(_startup.is_noise(line) for line in loud.stderr.splitlines()), loud.stderr[-2000:]
+        assert any(startup.is_noise(line) for line in loud.stderr.splitlines()), loud.stderr[-2000:]
 
 
 def test_tensorflow_start_up_lines_are_recognized_and_nothing_else():
@@ -466,7 +468,7 @@ def test_tensorflow_start_up_lines_are_recognized_and_nothing_else():
     ]
     kept = ["train.py: error: --model_dir=x is in use by process 1", "W0000 00:00:1.0 12 op_kernel.cc:1] OOM when allocating",
             "Traceback (most recent call last):", "WARNING: something else"]
-    assert all(_startup.is_noise(line) for line in noise) and not any(_startup.is_noise(line) for line in kept)
+    assert all(startup.is_noise(line) for line in noise) and not any(startup.is_noise(line) for line in kept)
 
 
 def test_a_model_this_version_cannot_build_or_load_is_one_line_naming_why(tmp_path):
@@ -485,4 +487,4 @@ def test_a_model_this_version_cannot_build_or_load_is_one_line_naming_why(tmp_pa
             new.writestr(item, data.replace(b"SkipInitScale", b"NoSuchLayer") if item.filename == "config.json"
                          else data)
     with pytest.raises(ValueError, match=r"uses the layer NoSuchLayer, which keras_skipinit .* does not define"):
-        run_dir.load_keras(str(renamed))
+        model_files.load_keras(str(renamed))

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_skipinit import data, digits, pipelines, preprocessing, schedules
-
-# --- schedules ---------------------------------------------------------------------
+from keras_skipinit import schedules  # --- schedules ---------------------------------------------------------------------
+from keras_skipinit.data import digits, pipelines, preprocessing, sources
 
 
 @pytest.mark.parametrize(
@@ -162,8 +161,7 @@ def test_mean_std_preprocessing_normalizes_by_the_datasets_statistics_in_every_f
     """'<dataset>_mean_std' (issue 42's factor): (x - mean) / std per channel
     by CHANNEL_STATS, then standardize's pad-crop; the same in tf.data, the
     exports' batch form and the NumPy feed."""
-    from keras_skipinit import numpy_data
-
+    from keras_skipinit.data import numpy_data
     prep = preprocessing.get("mnist_embedded_mean_std")
     mean, std = preprocessing.CHANNEL_STATS["mnist_embedded"]
     images = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1)).astype(np.uint8)
@@ -183,12 +181,11 @@ def test_mean_std_preprocessing_normalizes_by_the_datasets_statistics_in_every_f
 def test_channel_statistics_are_those_of_the_training_split():
     """CHANNEL_STATS is data: each line recomputed from the dataset it names."""
     from conftest import require_fashion_mnist
-    from keras_skipinit import numpy_data
-
+    from keras_skipinit.data import numpy_data
     (embedded, _), _ = digits.split()
     fashion, _ = numpy_data.idx_images(require_fashion_mnist(), "train")
     for name, images in (("mnist_embedded", embedded), ("fashion_mnist", fashion),
-                         ("fashion_mnist_rgb32", data.rgb32(fashion))):
+                         ("fashion_mnist_rgb32", sources.rgb32(fashion))):
         counts = [np.bincount(images[..., c].ravel(), minlength=256) for c in range(images.shape[-1])]
         mean = np.array([n @ np.arange(256.0) / n.sum() for n in counts])
         std = np.array([np.sqrt(n @ (np.arange(256.0) - m) ** 2 / n.sum()) for n, m in zip(counts, mean)])
@@ -198,16 +195,16 @@ def test_channel_statistics_are_those_of_the_training_split():
 def test_a_run_chooses_its_preprocessing_in_one_line():
     """--preprocessing=mean_std resolves to the dataset's own statistics;
     a dataset without them, ImageNet-size images or an unknown choice: one line."""
-    dataset = data.load(data.EMBEDDED, preprocessing_choice="mean_std")
+    dataset = sources.load(sources.EMBEDDED, preprocessing_choice="mean_std")
     assert dataset.preprocessing == "mnist_embedded_mean_std" and dataset.input_shape == (28, 28, 1)
-    assert data.load(data.EMBEDDED, preprocessing_choice="standardize").preprocessing == "standardize"
+    assert sources.load(sources.EMBEDDED, preprocessing_choice="standardize").preprocessing == "standardize"
     for choice, name, shape, message in (("mean_std", "cifar100", (32, 32, 3), "no channel statistics for 'cifar100'"),
                                          ("mean_std", "imagenet2012", (None, None, 3), "up to 64 px"),
                                          ("imagenet", "mnist_embedded", (28, 28, 1), "must be one of")):
         with pytest.raises(ValueError, match=message):
             preprocessing.choose(choice, name, shape)
     with pytest.raises(ValueError, match="must be one of"):
-        data.load("no_such_dataset", preprocessing_choice="per_channel")  # before the data is looked for
+        sources.load("no_such_dataset", preprocessing_choice="per_channel")  # before the data is looked for
 
 
 def test_mixup_is_a_convex_combination_with_reversed_batch():
@@ -248,7 +245,7 @@ def test_embedded_mnist_split_is_fixed_stratified_and_disjoint():
 
 
 def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
-    ds = data.load(data.EMBEDDED)
+    ds = sources.load(sources.EMBEDDED)
     a = list(pipelines.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
     b = list(pipelines.train_pipeline(ds, 32, epoch=3, seed=1).take(4))
     c = list(pipelines.train_pipeline(ds, 32, epoch=4, seed=1).take(1))
@@ -261,7 +258,7 @@ def test_train_pipeline_is_deterministic_per_epoch_and_resumable():
 
 
 def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
-    ds = data.load(data.EMBEDDED, train_examples=100)
+    ds = sources.load(sources.EMBEDDED, train_examples=100)
     plain = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1)]
     longer = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7)]
     assert len(plain) == 3 and len(longer) == 7
@@ -271,33 +268,33 @@ def test_more_batches_than_one_pass_repeat_the_data_reshuffled():
     resumed = [x.numpy() for x, _ in pipelines.train_pipeline(ds, 32, epoch=2, seed=1, num_batches=7, skip_batches=5)]
     np.testing.assert_array_equal(resumed[0], longer[5])
     with pytest.raises(ValueError, match="exceeds the 4000 training examples"):
-        data.load(data.EMBEDDED, train_examples=4001)
+        sources.load(sources.EMBEDDED, train_examples=4001)
 
 
 def test_validation_examples_are_the_last_training_examples_and_never_trained_on():
     (xtr, ytr), _ = digits.split()
-    ds = data.load(data.EMBEDDED, validation_examples=500)
+    ds = sources.load(sources.EMBEDDED, validation_examples=500)
     assert (ds.num_train, ds.num_test, ds.eval_split) == (3500, 500, "validation")
     np.testing.assert_array_equal(ds.test[0], xtr[-500:])
     np.testing.assert_array_equal(ds.train[0], xtr[:3500])
-    subset = data.load(data.EMBEDDED, train_examples=100, validation_examples=500)
+    subset = sources.load(sources.EMBEDDED, train_examples=100, validation_examples=500)
     assert (subset.num_train, subset.num_test) == (100, 500)
     # Every digit on both sides (the wheel sorts its images by label: the first 2,000 were digits 0-4 only).
     held_out = ds.test[1]
     first = subset.train[1]
     assert np.bincount(held_out, minlength=10).min() >= 30 and np.bincount(first, minlength=10).min() >= 3
-    assert data.load(data.EMBEDDED).eval_split == "test"
+    assert sources.load(sources.EMBEDDED).eval_split == "test"
     with pytest.raises(ValueError, match="exceeds the 3500 training examples left after 500 for validation"):
-        data.load(data.EMBEDDED, train_examples=3501, validation_examples=500)
+        sources.load(sources.EMBEDDED, train_examples=3501, validation_examples=500)
     with pytest.raises(ValueError, match="leaves none"):
-        data.load(data.EMBEDDED, validation_examples=4000)
+        sources.load(sources.EMBEDDED, validation_examples=4000)
     with pytest.raises(ValueError, match="validation_examples must be a positive int"):
-        data.load(data.EMBEDDED, validation_examples=0)
+        sources.load(sources.EMBEDDED, validation_examples=0)
 
 
 def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=64):
-        ds = data.load("cifar10")
+        ds = sources.load("cifar10")
         assert (ds.preprocessing, ds.num_classes, ds.input_shape, ds.flip) == ("standardize", 10, (32, 32, 3), True)
         x, y = next(iter(pipelines.train_pipeline(ds, 16, epoch=0)))
         assert x.shape == (16, 32, 32, 3) and y.shape == (16, 10)
@@ -307,7 +304,7 @@ def test_tfds_cifar10_pipeline_with_mock_data(mock_tfds):
 
 def test_tfds_imagenet_pipeline_with_mock_data(mock_tfds):
     with mock_tfds(num_examples=4):
-        ds = data.load("imagenet2012")
+        ds = sources.load("imagenet2012")
         assert ds.preprocessing == "imagenet" and ds.num_classes == 1000 and ds.input_shape == (224, 224, 3)
         x, y = next(iter(pipelines.train_pipeline(ds, 2, epoch=0)))
         assert x.shape == (2, 224, 224, 3) and y.shape == (2, 1000)
@@ -316,23 +313,23 @@ def test_tfds_imagenet_pipeline_with_mock_data(mock_tfds):
 def test_non_classification_dataset_is_rejected(mock_tfds):
     with mock_tfds(num_examples=2):
         with pytest.raises(ValueError, match="image classification"):
-            data.load("glue/cola")
+            sources.load("glue/cola")
 
 
 def test_rgb32_is_the_gray_image_padded_and_repeated_on_both_routes(mock_tfds):
     """`<dataset>_rgb32` (issue 42's factor study: the papers' 32x32x3 input):
     each 28x28x1 image zero-padded by 2 and its channel repeated; the same
     examples and labels, in memory (NumPy) and in tf.data (a TFDS dataset)."""
-    base, rgb = data.load(data.EMBEDDED, train_examples=50), data.load(data.EMBEDDED + data.RGB32, train_examples=50)
+    base, rgb = sources.load(sources.EMBEDDED, train_examples=50), sources.load(sources.EMBEDDED + sources.RGB32, train_examples=50)
     (x, y), (xr, yr) = base.train, rgb.train
     assert xr.shape == (50, 32, 32, 3) and rgb.input_shape == (32, 32, 3) and rgb.name == "mnist_embedded_rgb32"
     np.testing.assert_array_equal(xr[:, 2:30, 2:30], np.repeat(x, 3, axis=-1))
     assert not xr[:, :2].any() and not xr[:, :, 30:].any() and np.array_equal(y, yr)
     with mock_tfds(num_examples=8):
-        gray, color = data.load("fashion_mnist"), data.load("fashion_mnist" + data.RGB32)
+        gray, color = sources.load("fashion_mnist"), sources.load("fashion_mnist" + sources.RGB32)
         assert color.preprocessing == "standardize" and color.flip == gray.flip
         for a, b in zip(gray.test.as_numpy_iterator(), color.test.as_numpy_iterator()):
-            np.testing.assert_array_equal(data.rgb32(a[0][None])[0], b[0])
+            np.testing.assert_array_equal(sources.rgb32(a[0][None])[0], b[0])
             assert a[1] == b[1]
         with pytest.raises(ValueError, match="takes 28x28x1 images, cifar10 has 32x32x3"):
-            data.load("cifar10" + data.RGB32)
+            sources.load("cifar10" + sources.RGB32)

@@ -12,7 +12,8 @@ import matplotlib
 import numpy as np
 import pytest
 
-from keras_skipinit import machine, sweep, training
+from keras_skipinit import machine, sweep
+from keras_skipinit.training import trainer
 from keras_skipinit.sweep import cli as sweep_cli, factors, presets, protocol, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,10 +75,10 @@ def test_grid_extension_until_the_optimum_is_interior(log2s, best_at, expected_n
 
 
 def fake_training(monkeypatch, train):
-    """training.train replaced by `train`. No model is built, so the
+    """trainer.train replaced by `train`. No model is built, so the
     executor's clear_session after each run has nothing for gc.collect() to
     free (0.4 s a run once TensorFlow fills the heap): it clears without it."""
-    monkeypatch.setattr(training, "train", train)
+    monkeypatch.setattr(trainer, "train", train)
     clear = keras.backend.clear_session
     monkeypatch.setattr(keras.backend, "clear_session", lambda free_memory=True: clear(free_memory=False))
 
@@ -119,8 +120,7 @@ def test_dry_run_lists_the_runs_a_sweep_would_start_and_runs_and_writes_nothing(
 def test_dry_run_names_a_run_another_process_trains_and_counts_its_epochs_done(tmp_path, monkeypatch, capsys):
     """--dry_run beside the sweep running it: a run whose model_dir another process holds says so and how many
     epochs it has done, and the time left counts only its epochs to come (it counted a whole run)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     fake_training(monkeypatch, fake_train([]))
     args = ["--depths=10", "--methods=skipinit", "--log2_lrs=-4,-3", "--best_k=1", "--epochs=4",
             "--no-extend_grid", f"--out={tmp_path}", f"--runs_dir={tmp_path / 'runs'}"]
@@ -498,8 +498,7 @@ def _watched_on_a_fake_clock(monkeypatch):
 def _epochs(config, epochs, clock, poll, seconds, dated, top1):
     """Trains `epochs` as train writes them, `seconds` apart on the sweep's clock, each history.csv dated
     `dated(epoch)`, the watch looking before the first and after each."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     rows = run_dir.read_history(config.model_dir) if os.path.exists(os.path.join(config.model_dir, run_dir.HISTORY)) else []
     poll()
     for epoch in epochs:
@@ -541,8 +540,7 @@ def test_a_resumed_runs_time_left_is_measured_from_an_epoch_this_sweep_trained(t
     """A run resumed after its first epoch (its history.csv written long before, at another session's end):
     the end of its second epoch, the first this sweep trains, gives no rate; the third's, 10 min after,
     gives 10 min left (the rate spanned the interruption: hours)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     clock, poll = _watched_on_a_fake_clock(monkeypatch)
     clock[0] = 1e4 + 600.0
     fake_training(monkeypatch, lambda config: _epochs(config, (2, 3, 4), clock, poll, 600.0,
@@ -561,8 +559,7 @@ def test_a_resumed_runs_time_left_is_measured_from_an_epoch_this_sweep_trained(t
 
 def _ten_minutes_an_epoch(monkeypatch):
     """Fake training on a fake sweep clock: 10 minutes an epoch, from the epochs its history.csv holds."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     clock = [0.0]
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(time=lambda: clock[0]))  # the sweep's clock only
 
@@ -577,8 +574,7 @@ def _ten_minutes_an_epoch(monkeypatch):
 def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_path, monkeypatch, capsys):
     """A resumed sweep's first run to end had 3 of its 4 epochs from before: its 10 minutes here are one
     epoch's, so the next run's 4 epochs are ~40 min (counted as a whole run, the estimate said 10)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     _ten_minutes_an_epoch(monkeypatch)
     resumed = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     os.makedirs(resumed)
@@ -593,8 +589,7 @@ def test_the_time_left_counts_a_resumed_runs_earlier_epochs_as_done_before(tmp_p
 def test_a_run_complete_before_the_sweep_gives_no_time_left_estimate(tmp_path, monkeypatch, capsys):
     """A resumed sweep whose first run to end was already complete has measured nothing of its speed: it
     says the time left is not known (it said "about 0 min left" with a 4-epoch run still to train)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     _ten_minutes_an_epoch(monkeypatch)
     complete = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     os.makedirs(complete)
@@ -1031,8 +1026,7 @@ class _LastInFirstOut:
         self.queue.append((ident, config))
 
     def wait(self):
-        from keras_skipinit import executors
-
+        from keras_skipinit.sweep import executors
         self.waited = True
         ident, config = self.queue.pop()
         return ident, executors.execute(config)
@@ -1065,8 +1059,7 @@ def test_a_sweep_in_parallel_rounds_makes_the_sequential_sweeps_runs_and_tables(
 
 
 def test_a_run_that_fails_in_its_executor_is_a_one_line_error_naming_it(tmp_path, monkeypatch, capsys):
-    from keras_skipinit import executors
-
+    from keras_skipinit.sweep import executors
     class Failing(_LastInFirstOut):
         def wait(self):
             ident, _ = self.queue.pop()
@@ -1254,8 +1247,7 @@ def test_impossible_results_and_rates_are_one_line_not_a_traceback_or_a_result(t
 def test_a_run_folder_held_by_another_sweep_is_said_in_the_sweeps_words(tmp_path, monkeypatch, capsys):
     """The second of two sweeps on one --runs_dir was refused naming a --model_dir the user never gave
     (issue 91): the sweep names the run, its folder in --runs_dir and what to do."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     fake_training(monkeypatch, fake_train([]))
     held = tmp_path / "runs" / "skipinit_d10_lr0.125_s0"
     with run_dir.lock(str(held)):
@@ -1273,15 +1265,14 @@ def test_a_runs_retracing_advice_stays_out_of_the_sweeps_output(monkeypatch, cap
     between the sweep's lines (issue 91); other warnings still come through."""
     import logging
 
-    from keras_skipinit import executors
-
+    from keras_skipinit.sweep import executors
     def train(config):
         logging.getLogger("tensorflow").warning("5 out of the last 5 calls to <function f> triggered tf.function "
                                                 "retracing. Tracing is expensive ...")
         logging.getLogger("tensorflow").warning("something else")
         return {"status": "completed"}
 
-    monkeypatch.setattr(training, "train", train)
+    monkeypatch.setattr(trainer, "train", train)
     with caplog.at_level(logging.WARNING):
         executors.execute(types.SimpleNamespace(model_dir=str(tmp_path)))
     assert [r.getMessage() for r in caplog.records if r.name == "tensorflow"] == ["something else"]
@@ -1330,7 +1321,6 @@ def test_every_method_option_is_a_sweep_flag_that_reaches_the_methods_runs():
     --nf_beta and --alpha_init were refused; every `normalization.OPTIONS` entry is a flag now, and a run of
     a method that takes it gets it (one of a method that does not, its default)."""
     from keras_skipinit import normalization as norm_lib
-
     parser = sweep_cli.build_parser()
     assert {f"--{name}" for name in norm_lib.OPTIONS} <= set(parser._option_string_actions)
     settings = sweep.parse_args(["--methods=nf,skipinit", "--nf_beta=0.4", "--alpha_init=one", "--depths=10"])

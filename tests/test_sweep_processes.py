@@ -74,8 +74,7 @@ def test_a_signalled_sweep_stops_its_children_at_a_checkpoint_and_reruns_to_the_
 def test_a_run_handed_over_after_the_signal_is_reported_interrupted_not_started():
     """The sweep may hand over the next runs after a signal (a run that finished as it came is recorded
     first): they start no process and come back interrupted, which stops the sweep."""
-    from keras_skipinit import executors
-
+    from keras_skipinit.sweep import executors
     executor = executors.Processes(processes=2)
     try:
         executor._interrupt._handle(signal.SIGTERM, None)  # as the signal arrives: no child to pass it to
@@ -110,8 +109,8 @@ def test_runs_starting_together_split_the_free_cores_and_compute_as_a_run_here(m
     """A resumed sweep's one run is not held to cores / N (TensorFlow's pools are fixed at start);
     every run computes with the intra-op threads a sequential sweep's run has (all 4 cores here):
     they change its numbers (issue 89.4: runs started together got 2 and other accuracies)."""
-    from keras_skipinit import executors, machine
-
+    from keras_skipinit import machine
+    from keras_skipinit.sweep import executors
     monkeypatch.setattr(machine, "cpu_count", lambda: 4)
     for name in executors.THREADS:
         monkeypatch.delenv(name, raising=False)
@@ -133,8 +132,7 @@ def test_runs_starting_together_split_the_free_cores_and_compute_as_a_run_here(m
 
 @pytest.mark.heavy
 def test_a_run_whose_process_dies_is_a_failure_that_names_it_and_says_how_to_resume():
-    from keras_skipinit import executors
-
+    from keras_skipinit.sweep import executors
     executor = executors.Processes(processes=1)
     try:
         executor.submit("the run", _DiesUnpickled())
@@ -154,7 +152,6 @@ def test_runs_started_together_end_with_the_sequential_sweeps_weights(tmp_path):
     sequential sweep's. Every run now computes with the threads a run in the
     sweep's own process has: the same weights, bit for bit."""
     from keras_skipinit import machine
-
     if machine.cpu_count() < 2:
         pytest.skip("one core: runs started together and alone have the same threads")
     import numpy as np

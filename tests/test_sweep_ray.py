@@ -14,7 +14,6 @@ import pytest
 
 from conftest import require_module
 from keras_skipinit import sweep
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--depths=10", "--seeds=1", "--best_k=1", "--protocol=depth", "--lrs=0.05"]
 
@@ -100,10 +99,9 @@ def test_a_killed_ray_worker_is_retried_and_its_run_resumes_from_its_checkpoint(
     assert run["status"] == "completed" and run["results"]["epochs_completed"] == 3
     assert "Resuming from epoch 2" in (tmp_path / "log").read_text()
     # Issue 32.8: the workers printed TensorFlow's C++ start-up lines (cuInit's among them).
-    from keras_skipinit import _startup
-
+    from keras_skipinit.cli import startup
     prefix = re.compile(r"^(\x1b\[\d+m)?\([^)]*\)(\x1b\[0m)? ")  # Ray's "(_ray_run pid=...) ", maybe coloured
-    noise = [line for line in (tmp_path / "log").read_text().splitlines() if _startup.is_noise(prefix.sub("", line))]
+    noise = [line for line in (tmp_path / "log").read_text().splitlines() if startup.is_noise(prefix.sub("", line))]
     assert not noise, noise[:5]
 
 
@@ -143,8 +141,7 @@ def test_a_cluster_that_is_not_there_or_too_small_is_a_one_line_error(tmp_path, 
     require_ray()
     import socket
 
-    from keras_skipinit import executors
-
+    from keras_skipinit.sweep import executors
     with socket.socket() as s:  # a free port, closed again: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

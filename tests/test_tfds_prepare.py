@@ -14,8 +14,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import require_fashion_mnist, session_dir
-from keras_skipinit import _startup, data, tfds_prepare, training
-
+from keras_skipinit.cli import startup
+from keras_skipinit.data import sources, tfds_prepare
+from keras_skipinit.training import trainer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFLINE = "import socket\ndef _offline(*a, **k): raise socket.gaierror(-2, 'Name or service not known')\nsocket.create_connection = _offline\n"
 
@@ -74,7 +75,7 @@ def test_training_on_real_fashion_mnist_through_train_py(fashion_mnist_data_dir,
     """64 updates on 2,048 real images. Seeds 0-4 on one machine: final
     training cross-entropy 0.89-0.95 (from ln 10 = 2.30), test top-1
     0.62-0.67 on all 10,000 test images."""
-    results = training.train(training.Config(
+    results = trainer.train(trainer.Config(
         depth=10, width=1, normalization="batchnorm", bn_momentum=0.9, dataset="fashion_mnist",
         data_dir=fashion_mnist_data_dir, train_examples=2048, epochs=2, batch_size=64, learning_rate=0.1,
         verbose=0, model_dir=str(tmp_path / "run"),
@@ -86,7 +87,7 @@ def test_training_on_real_fashion_mnist_through_train_py(fashion_mnist_data_dir,
 
 @pytest.mark.heavy
 def test_fashion_mnist_validation_split_is_the_last_5000_training_images(fashion_mnist_data_dir):
-    ds = data.load("fashion_mnist", fashion_mnist_data_dir, validation_examples=5000)
+    ds = sources.load("fashion_mnist", fashion_mnist_data_dir, validation_examples=5000)
     assert (ds.num_train, ds.num_test, ds.eval_split) == (55000, 5000, "validation")
     builder = tfds.builder("fashion_mnist", data_dir=fashion_mnist_data_dir)
     full = builder.as_dataset(split="train", as_supervised=True)
@@ -105,19 +106,19 @@ def test_files_that_are_no_known_copy_are_refused(tmp_path):
         with gzip.open(manual / name, "wb") as f:
             f.write(b"not fashion-mnist")
     with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz is neither the original t10k-images-idx3-ubyte.gz .* nor a known copy"):
-        data.load("fashion_mnist", str(tmp_path / "tfds"), manual_dir=str(manual))
+        sources.load("fashion_mnist", str(tmp_path / "tfds"), manual_dir=str(manual))
 
 
 def test_offline_without_files_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(tfds_prepare.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
     with pytest.raises(ValueError) as info:
-        data.load("cifar10", str(tmp_path / "tfds"), manual_dir=str(tmp_path / "empty"))
+        sources.load("cifar10", str(tmp_path / "tfds"), manual_dir=str(tmp_path / "empty"))
     message = str(info.value)
     assert "unreachable" in message and "--data_dir" in message and "cifar-10-binary.tar.gz" in message
     assert "\n" not in message
     # Fashion-MNIST's message names the Debian package.
     with pytest.raises(ValueError, match="apt-get install dataset-fashion-mnist"):
-        data.load("fashion_mnist", str(tmp_path / "tfds"), manual_dir=str(tmp_path / "empty"))
+        sources.load("fashion_mnist", str(tmp_path / "tfds"), manual_dir=str(tmp_path / "empty"))
 
 
 def test_download_failures_become_one_line(tmp_path, monkeypatch):
@@ -128,7 +129,7 @@ def test_download_failures_become_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(tfds_prepare, "_check_reachable", lambda *a: None)
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", fail)
     with pytest.raises(ValueError, match=r"ConnectionError: Max retries exceeded.*--manual_dir") as info:
-        data.load("cifar10", str(tmp_path / "tfds"))
+        sources.load("cifar10", str(tmp_path / "tfds"))
     assert "\n" not in str(info.value)
 
 
@@ -167,12 +168,12 @@ def test_runs_starting_together_prepare_a_dataset_once(tmp_path):
 
 def test_manual_download_datasets_say_where_files_go(tmp_path):
     with pytest.raises(ValueError, match="downloaded by hand.*--manual_dir"):
-        data.load("imagenet2012", str(tmp_path / "tfds"))
+        sources.load("imagenet2012", str(tmp_path / "tfds"))
 
 
 def test_unknown_dataset_suggests_close_names():
     with pytest.raises(ValueError) as info:
-        data.load("cifar1O")
+        sources.load("cifar1O")
     assert "unknown dataset 'cifar1O'" in str(info.value) and "cifar10" in str(info.value)
     assert len(str(info.value)) < 300
 
@@ -186,7 +187,7 @@ def test_unknown_dataset_suggests_close_names():
 ])
 def test_names_tfds_cannot_build_are_one_line(tmp_path, name, match):
     with pytest.raises(ValueError) as info:
-        data.load(name, str(tmp_path / "tfds"))
+        sources.load(name, str(tmp_path / "tfds"))
     assert match in str(info.value) and "\n" not in str(info.value)
 
 
@@ -197,7 +198,7 @@ def test_cli_cifar10_offline_is_one_line_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
     # Nothing but the error: TFDS's notes neither (TensorFlow's C++ start-up lines aside, which this harness's
     # TF_CPP_MIN_LOG_LEVEL cannot stop and train.py's own start filters out).
-    lines = [line for line in proc.stderr.splitlines() if line.strip() and not _startup._NOISE.search(line)]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not startup._NOISE.search(line)]
     assert len(lines) == 1 and lines[0].startswith("train.py: error:") and "--data_dir" in lines[0], proc.stderr[-2000:]
 
 

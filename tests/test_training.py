@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
-from keras_skipinit import applications as apps, data as data_lib, distribute, machine, memory, pipelines, run_dir, schedules
-from keras_skipinit import run_model, training
-from keras_skipinit.checkpoint import Checkpoint
+from keras_skipinit import applications as apps, machine, schedules
+from keras_skipinit.data import pipelines, sources as data_lib
+from keras_skipinit.training import distribute, memory, run_dir
+from keras_skipinit.training import run_model, trainer
+from keras_skipinit.training.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +23,7 @@ SMALL = dict(depth=10, width=1, verbose=0)
 
 
 def small_config(tmp_path, **kwargs):
-    return training.Config(**{**SMALL, "model_dir": str(tmp_path / "run"), **kwargs})
+    return trainer.Config(**{**SMALL, "model_dir": str(tmp_path / "run"), **kwargs})
 
 
 def final_weights(model_dir):
@@ -46,10 +48,10 @@ def test_l2_term_is_coefficient_times_sum_of_squared_kernels():
 
 def test_a_long_silent_build_is_announced_in_one_line():
     """Issue 46.10: an unrolled 1,000-layer net built for minutes without a word."""
-    note = run_model.build_note(training.Config(depth=1000))
+    note = run_model.build_note(trainer.Config(depth=1000))
     assert note.startswith("Building WRN-1000-1 unrolled") and "--loop_blocks" in note
-    assert run_model.build_note(training.Config(depth=1000, loop_blocks=True)) is None
-    assert run_model.build_note(training.Config(depth=100)) is None
+    assert run_model.build_note(trainer.Config(depth=1000, loop_blocks=True)) is None
+    assert run_model.build_note(trainer.Config(depth=100)) is None
 
 
 def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
@@ -77,9 +79,9 @@ def test_scalar_lr_multiplier_equals_lower_learning_rate_for_scalars():
 
 def test_fixup_scalars_learn_10x_slower_by_default():
     """Fixup's reference code trains multipliers and biases at lr / 10."""
-    assert run_model.scalar_lr(training.Config(normalization="fixup")) == 0.1
-    assert run_model.scalar_lr(training.Config(normalization="fixup", scalar_lr_multiplier=1.0)) == 1.0
-    assert run_model.scalar_lr(training.Config(normalization="skipinit")) == 1.0
+    assert run_model.scalar_lr(trainer.Config(normalization="fixup")) == 0.1
+    assert run_model.scalar_lr(trainer.Config(normalization="fixup", scalar_lr_multiplier=1.0)) == 1.0
+    assert run_model.scalar_lr(trainer.Config(normalization="skipinit")) == 1.0
 
 
 @pytest.mark.parametrize(
@@ -101,13 +103,13 @@ def test_fixup_scalars_learn_10x_slower_by_default():
 )
 def test_bad_configs_raise_value_errors(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
-        training.train(small_config(tmp_path, **kwargs))
+        trainer.train(small_config(tmp_path, **kwargs))
 
 
 def test_a_batch_larger_than_the_data_is_refused_also_with_steps_per_epoch(tmp_path):
     """It ran out of memory and segfaulted (exit 139) instead."""
     with pytest.raises(ValueError, match="batch_size 100000 exceeds the 4000 training examples"):
-        training.train(small_config(tmp_path, batch_size=100000, steps_per_epoch=2))
+        trainer.train(small_config(tmp_path, batch_size=100000, steps_per_epoch=2))
 
 
 def test_activation_memory_is_every_layer_output_and_refused_beyond_the_memory(monkeypatch, tmp_path):
@@ -123,7 +125,7 @@ def test_activation_memory_is_every_layer_output_and_refused_beyond_the_memory(m
     assert "will likely be killed" in memory.check_memory(model, 10, ignore=True)
     # A refused run leaves no model_dir behind (it would hold only its lock file).
     with pytest.raises(ValueError, match="needs at least"):
-        training.train(small_config(tmp_path, steps_per_epoch=2))
+        trainer.train(small_config(tmp_path, steps_per_epoch=2))
     assert not os.path.exists(tmp_path / "run")
     looped = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3, loop_blocks=True)
     unrolled = apps.WideResNet(16, 1, input_shape=(8, 8, 1), classes=3)
@@ -155,7 +157,7 @@ def test_schedule_follows_updates_not_micro_batches(kind):
 def test_accumulation_logs_the_schedule_of_updates(tmp_path):
     """The case reported: --accumulation_steps=2 --epochs=2 logged 2.44e-05
     after epoch 1 (the end of training) instead of 0.025."""
-    training.train(small_config(tmp_path, accumulation_steps=2, steps_per_epoch=3, epochs=2, learning_rate=0.05))
+    trainer.train(small_config(tmp_path, accumulation_steps=2, steps_per_epoch=3, epochs=2, learning_rate=0.05))
     rows = open(tmp_path / "run" / "history.csv").read().splitlines()
     lr = [float(row.split(",")[1]) for row in rows[1:]]
     assert lr == pytest.approx([schedules.lr_at_epoch("cifar", e, 0.05, 2) for e in (1, 2)], rel=1e-5)
@@ -167,7 +169,7 @@ def test_epochs_longer_than_the_data_repeat_it(tmp_path):
     """steps_per_epoch beyond one pass: every epoch makes all its updates
     (the schedule counts them), on repeated, reshuffled data."""
     config = small_config(tmp_path, train_examples=96, batch_size=32, steps_per_epoch=7, epochs=2)
-    results = training.train(config)
+    results = trainer.train(config)
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     assert int(model.optimizer.iterations) == 14 and results["num_train"] == 96
 
@@ -179,7 +181,7 @@ def test_ghost_batches_with_remainders_train(tmp_path, capsys, ghost, batch, not
     normalizes a remainder as its own ghost batch, and train.py says so."""
     config = small_config(tmp_path, normalization="ghost_batchnorm", ghost_batch_size=ghost, batch_size=batch,
                           epochs=1, steps_per_epoch=2)
-    assert training.train(config)["status"] == "completed"
+    assert trainer.train(config)["status"] == "completed"
     assert note in capsys.readouterr().out
 
 
@@ -200,7 +202,7 @@ def test_training_learns_real_digits_end_to_end(tmp_path, capsys):
     threshold on it holds on every machine. fit runs once per epoch; the
     progress display must still read 'Epoch k/N'."""
     config = small_config(tmp_path, epochs=2, normalization="nf", learning_rate=0.05, verbose=2)
-    results = training.train(config)
+    results = trainer.train(config)
     out = capsys.readouterr().out
     assert "Epoch 1/2" in out and "Epoch 2/2" in out
     assert results["status"] == "completed"
@@ -228,7 +230,7 @@ def test_tensorboard_scalars_are_written_without_tensorflow(tmp_path):
 import os, sys, types
 sys.modules["tensorflow"] = None  # importing it fails
 os.environ["KERAS_BACKEND"] = "jax"
-from keras_skipinit.callbacks import EpochScalars
+from keras_skipinit.training.callbacks import EpochScalars
 scalars = EpochScalars({str(tmp_path)!r})
 scalars.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(learning_rate=0.25)))
 scalars.on_epoch_end(0, {{"loss": 2.0, "top1": 0.5, "val_loss": 1.5, "val_top1": 0.625}})
@@ -251,7 +253,7 @@ scalars.on_epoch_end(1, {{"loss": 1.0, "top1": 0.75, "val_loss": 1.25, "val_top1
 def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     """results.json reuses the validation of the last epoch (same weights)
     instead of evaluating the test split a second time."""
-    results = training.train(small_config(tmp_path, epochs=2, steps_per_epoch=3))
+    results = trainer.train(small_config(tmp_path, epochs=2, steps_per_epoch=3))
     model = keras.models.load_model(tmp_path / "run" / "model.keras")
     model.compile(metrics=[keras.metrics.CategoricalAccuracy(name="top1")], loss="categorical_crossentropy")
     evaluated = model.evaluate(pipelines.eval_pipeline(data_lib.load(data_lib.EMBEDDED), 32), verbose=0, return_dict=True)
@@ -259,7 +261,7 @@ def test_reported_metrics_are_those_of_the_final_model_named_by_split(tmp_path):
     # Named by split: eval_* always, test_* only on the test set; older files still read.
     assert {k: results[f"eval_{k}"] for k in ("top1", "top5", "cross_entropy")} == {
         k: results[f"test_{k}"] for k in ("top1", "top5", "cross_entropy")}
-    held_out = training.train(small_config(tmp_path, epochs=1, steps_per_epoch=2, validation_examples=500,
+    held_out = trainer.train(small_config(tmp_path, epochs=1, steps_per_epoch=2, validation_examples=500,
                                            model_dir=str(tmp_path / "held_out")))
     assert held_out["eval_split"] == "validation" and held_out["eval_top1"] is not None
     assert held_out["backends"] == [BACKEND]
@@ -275,9 +277,9 @@ def test_a_larger_evaluation_batch_evaluates_the_same_model_alike(tmp_path, monk
     monkeypatch.setattr(pipelines, "eval_pipeline", lambda dataset, batch_size, **kw: (
         sizes.append(batch_size), eval_pipeline(dataset, batch_size, **kw))[1])
     common = dict(epochs=1, steps_per_epoch=2, normalization="skipinit", alpha_init="one", learning_rate=0.05)
-    small = training.train(small_config(tmp_path / "a", **common))
-    large = training.train(small_config(tmp_path / "b", eval_batch_size=500, **common))
-    assert sizes == [training.Config().batch_size, 500]
+    small = trainer.train(small_config(tmp_path / "a", **common))
+    large = trainer.train(small_config(tmp_path / "b", eval_batch_size=500, **common))
+    assert sizes == [trainer.Config().batch_size, 500]
     assert large["eval_top1"] == pytest.approx(small["eval_top1"], abs=1e-3)  # 1 image in 1,000
     assert large["eval_cross_entropy"] == pytest.approx(small["eval_cross_entropy"], rel=1e-4)
 
@@ -286,8 +288,8 @@ def test_a_larger_evaluation_batch_evaluates_the_same_model_alike(tmp_path, monk
 def test_gradient_accumulation_equals_one_large_batch(tmp_path):
     common = dict(normalization="skipinit", alpha_init="one", epochs=1, steps_per_epoch=2, schedule="constant",
                   learning_rate=0.05, batch_size=32)
-    training.train(small_config(tmp_path / "a", **common))
-    training.train(small_config(tmp_path / "b", accumulation_steps=4, **common))
+    trainer.train(small_config(tmp_path / "a", **common))
+    trainer.train(small_config(tmp_path / "b", accumulation_steps=4, **common))
     for a, b in zip(final_weights(tmp_path / "a" / "run"), final_weights(tmp_path / "b" / "run")):
         np.testing.assert_allclose(a, b, atol=2e-5)
 
@@ -318,12 +320,12 @@ def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_block
     common = dict(normalization=normalization, ghost_batch_size=ghost, epochs=1, steps_per_epoch=2,
                   schedule="constant", learning_rate=0.05, batch_size=32, loop_blocks=loop_blocks,
                   depth=16 if loop_blocks else 10)
-    one = training.train(small_config(tmp_path / "one", strategy="one_device", **common))
-    two = training.train(small_config(tmp_path / "two", strategy="mirrored", **common))
+    one = trainer.train(small_config(tmp_path / "one", strategy="one_device", **common))
+    two = trainer.train(small_config(tmp_path / "two", strategy="mirrored", **common))
     assert (one["replicas"], two["replicas"]) == (1, 2)
     assert one["backend"] == two["backend"] == BACKEND
     moved = 0
-    fresh = run_model.build_model(training.Config(**{**SMALL, **common}), data_lib.load(data_lib.EMBEDDED))
+    fresh = run_model.build_model(trainer.Config(**{**SMALL, **common}), data_lib.load(data_lib.EMBEDDED))
     initial = [keras.ops.convert_to_numpy(w) for w in fresh.weights]  # the same seed: the runs' initialization
     for a, b, w0 in zip(final_weights(tmp_path / "one" / "run"), final_weights(tmp_path / "two" / "run"), initial):
         np.testing.assert_allclose(a, b, atol=5e-5)
@@ -334,7 +336,7 @@ def test_two_devices_equal_one_device(tmp_path, normalization, ghost, loop_block
 @pytest.mark.heavy
 def test_tfds_training_path_with_mock_cifar10(tmp_path, mock_tfds):
     with mock_tfds(num_examples=64):
-        results = training.train(small_config(tmp_path, dataset="cifar10", epochs=1, batch_size=16, mixup_alpha=0.7))
+        results = trainer.train(small_config(tmp_path, dataset="cifar10", epochs=1, batch_size=16, mixup_alpha=0.7))
     assert results["status"] == "completed" and results["num_train"] == 64
     assert results["config"]["dataset"] == "cifar10"
 
@@ -491,7 +493,7 @@ def test_killed_run_resumes_without_losing_finished_epochs(tmp_path, capsys):
     assert json.loads((model_dir / "results.json").read_text())["epochs_completed"] == 2
 
     # Exactly where it stopped: same weights as a run that was never killed (the same flags, in this process).
-    training.train(small_config(tmp_path / "straight", epochs=2, steps_per_epoch=12, checkpoint_steps=3,
+    trainer.train(small_config(tmp_path / "straight", epochs=2, steps_per_epoch=12, checkpoint_steps=3,
                                 schedule="constant", learning_rate=0.02, strategy="one_device"))
     for a, b in zip(final_weights(model_dir), final_weights(tmp_path / "straight" / "run")):
         np.testing.assert_allclose(a, b, atol=1e-4)
@@ -527,8 +529,7 @@ def test_a_signal_in_the_final_evaluation_completes_the_run_and_is_returned(tmp_
     """Ctrl-C after the last step (its evaluation): the run completes and
     writes its results, and says the signal came (the sweep then stops, and
     train.py exits 130 instead of going on to --export_dir)."""
-    from keras_skipinit import callbacks
-
+    from keras_skipinit.training import callbacks
     end = callbacks.EpochScalars.on_epoch_end
 
     def interrupted_here(self, epoch, logs=None):
@@ -547,14 +548,14 @@ def test_a_signal_in_the_final_evaluation_completes_the_run_and_is_returned(tmp_
 def test_a_signal_before_the_first_step_says_nothing_was_saved(tmp_path, monkeypatch, capsys):
     """Ctrl-C while the data loads (TFDS preparing a dataset: a minute):
     there is no checkpoint, and the line says so (it said 'checkpoint saved')."""
-    load = training.data_lib.load
+    load = trainer.data_lib.load
 
     def interrupted_while_loading(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)
         return load(*args, **kwargs)
 
-    monkeypatch.setattr(training.data_lib, "load", interrupted_while_loading)
+    monkeypatch.setattr(trainer.data_lib, "load", interrupted_while_loading)
     assert train_py_in_process(*[f"--{k}={v}" for k, v in SMALL.items()], f"--model_dir={tmp_path / 'run'}") == 130
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "interrupted" in line]
     assert "before the first step (nothing trained, no checkpoint)" in line and "checkpoint saved" not in line
@@ -565,7 +566,7 @@ def test_the_progress_counts_a_resumed_epoch_from_its_step_and_names_the_test_sp
     """A resumed epoch's bar counts 6..8 of 8 (it counted 1..3 of 3); the
     test split's metrics are test_*, not Keras' val_*; the bar says when it
     evaluates; a line per epoch (no terminal) also says where a long epoch is."""
-    from keras_skipinit.callbacks import EpochProgress
+    from keras_skipinit.training.callbacks import EpochProgress
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer="sgd", loss="categorical_crossentropy", metrics=[keras.metrics.CategoricalAccuracy("top1")])
@@ -584,8 +585,7 @@ def test_a_signal_is_held_until_the_step_ends_a_repeat_is_one_event_and_a_second
     """The first SIGTERM is held for the step's end; the same signal again at once is the same event (GNU
     timeout sends it to the command and then to its process group: the run died unsaved); one later reaches
     the handler from before (a second Ctrl-C or SIGTERM stops at once)."""
-    from keras_skipinit import callbacks
-
+    from keras_skipinit.training import callbacks
     before, reached = signal.getsignal(signal.SIGTERM), []
 
     def reach(signum, frame):
@@ -624,7 +624,7 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
     checkpoints held the random state: weights 0.1 apart)."""
     kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="cifar", learning_rate=0.05,
                   normalization="regularized_skipinit")
-    straight = training.train(small_config(tmp_path / "straight", **kwargs))
+    straight = trainer.train(small_config(tmp_path / "straight", **kwargs))
     expected = run_dir.read_history(str(tmp_path / "straight" / "run"))
     straight_weights = final_weights(tmp_path / "straight" / "run")
 
@@ -665,7 +665,7 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
         monkeypatch.setattr(owner, attribute, fault)
         started = time.time()
         with pytest.raises(Killed):
-            training.train(config)
+            trainer.train(config)
         killed_s = saved_at[-1] - started  # up to its last checkpoint
         assert (0, 4) not in saved[:-1] and saved[0] == (0, 2), (name, saved)
         monkeypatch.undo()
@@ -678,7 +678,7 @@ def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp
         monkeypatch.setattr(run_dir, "results_record", note_results)
         started = time.time()
         capsys.readouterr()
-        resumed = training.train(config)
+        resumed = trainer.train(config)
         resumed_s = recorded_at[-1] - started  # not the model's save after it (over 1 s on a loaded machine)
         monkeypatch.undo()
         if name == "last_row":  # its last checkpoint is the run's end: nothing is resumed, the rest is done
@@ -747,7 +747,7 @@ def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
 
     reference = small_config(tmp_path, alpha_init="one", epochs=1, steps_per_epoch=3, batch_size=16,
                              schedule="constant", learning_rate=0.05, strategy="one_device")
-    expected = training.train(reference)
+    expected = trainer.train(reference)
     for a, b in zip(final_weights(tmp_path / "mw"), final_weights(tmp_path / "run")):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for metric in ("test_top1", "test_top5", "test_cross_entropy"):
@@ -777,13 +777,13 @@ def test_bad_process_variables_name_the_variable(env, words, monkeypatch):
 
 def test_multi_worker_without_a_cluster_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="TF_CONFIG" if BACKEND == "tensorflow" else "KERAS_DISTRIBUTION_NUM_PROCESSES"):
-        training.train(small_config(tmp_path, strategy="multi_worker"))
+        trainer.train(small_config(tmp_path, strategy="multi_worker"))
     if BACKEND == "jax":  # an incomplete process set-up is named before jax.distributed waits for a coordinator
         monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")
         monkeypatch.delenv("KERAS_DISTRIBUTION_PROCESS_ID", raising=False)
         monkeypatch.setenv("KERAS_DISTRIBUTION_JOB_ADDRESSES", "localhost:1")
         with pytest.raises(ValueError, match="also needs KERAS_DISTRIBUTION_PROCESS_ID in every process"):
-            training.train(small_config(tmp_path))
+            trainer.train(small_config(tmp_path))
         with pytest.raises(ValueError, match="one_device contradicts KERAS_DISTRIBUTION_NUM_PROCESSES=2"):
-            training.train(small_config(tmp_path, strategy="one_device"))
+            trainer.train(small_config(tmp_path, strategy="one_device"))
     assert not os.path.exists(tmp_path / "run" / "results.json")

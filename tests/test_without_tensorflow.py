@@ -69,7 +69,6 @@ def test_every_method_builds_and_runs_without_tensorflow():
 
     import keras_skipinit as ks
     from keras_skipinit import applications as apps
-
     assert keras.backend.backend() == "jax"
     x = np.random.default_rng(0).standard_normal((4, 16, 16, 3)).astype("float32")
     for n in ks.normalization.NORMALIZATIONS:
@@ -86,10 +85,9 @@ def test_every_method_builds_and_runs_without_tensorflow():
 def test_fashion_mnist_is_read_from_its_original_files():
     """In memory, fed by NumPy: the 70,000 images with TFDS's class names."""
     directory = require_fashion_mnist()
-    from keras_skipinit import data, pipelines
-
-    dataset = data.load("fashion_mnist", manual_dir=directory, train_examples=1000)
-    assert data.numpy_feed(dataset) and (dataset.num_train, dataset.num_test) == (1000, 10000)
+    from keras_skipinit.data import pipelines, sources
+    dataset = sources.load("fashion_mnist", manual_dir=directory, train_examples=1000)
+    assert sources.numpy_feed(dataset) and (dataset.num_train, dataset.num_test) == (1000, 10000)
     assert dataset.label_names[0] == "T-shirt/top"
     x, y = pipelines.first_batch(pipelines.train_pipeline(dataset, 8, epoch=0))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8, 10)
@@ -137,22 +135,22 @@ class Hidden:  # TensorFlow is not there, as in a JAX user's Python: not found, 
 sys.meta_path[:] = [Hidden(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
 os.environ["KERAS_BACKEND"] = "jax"
 import numpy as np
-from keras_skipinit import data, pipelines
+from keras_skipinit.data import pipelines, sources
 folder, empty = sys.argv[1:]
-dataset = data.load("digit_sample", data_dir=folder, train_examples=40)
+dataset = sources.load("digit_sample", data_dir=folder, train_examples=40)
 x, y = pipelines.first_batch(pipelines.train_pipeline(dataset, 8, epoch=0))
 np.savez(os.path.join(folder, "read.npz"), *dataset.train, *dataset.test)
-large = data.load("large_sample", data_dir=folder)  # ImageNet-style: read per batch
+large = sources.load("large_sample", data_dir=folder)  # ImageNet-style: read per batch
 train = pipelines.first_batch(pipelines.train_pipeline(large, 4, epoch=0))[0]
 np.savez(os.path.join(folder, "large.npz"), train=train, eval=pipelines.first_batch(pipelines.eval_pipeline(large, 4))[0])
 errors = []
 for name, where in (("cifar10", empty), ("digit_sampel", empty)):
     try:
-        data.load(name, data_dir=where)
+        sources.load(name, data_dir=where)
     except ValueError as e:
         errors.append(str(e))
-print(json.dumps({"numpy_feed": data.numpy_feed(dataset), "batch": [x.shape, y.shape], "errors": errors,
-                  "large": [data.numpy_feed(large), large.preprocessing, type(large.train).__name__],
+print(json.dumps({"numpy_feed": sources.numpy_feed(dataset), "batch": [x.shape, y.shape], "errors": errors,
+                  "large": [sources.numpy_feed(large), large.preprocessing, type(large.train).__name__],
                   "tensorflow": "tensorflow" in sys.modules}))
 """
 
@@ -170,8 +168,7 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     without TensorFlow): one line saying what to do."""
     require_module("jax", 'pip install -e ".[jax]"')
     require_module("array_record", 'pip install -e ".[tfds]"')
-    from keras_skipinit import digits
-
+    from keras_skipinit.data import digits
     (x, y), (xt, yt) = digits.split()
     folder, empty = tmp_path / "tfds", tmp_path / "empty"
     sample = _sample_builder("digit_sample", x[:48], y[:48], xt[:16], yt[:16])
@@ -194,8 +191,7 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from keras_skipinit import preprocessing
-
+    from keras_skipinit.data import preprocessing
     large = np.load(folder / "large.npz")
     stored = tfds.builder("large_sample", data_dir=str(folder)).as_data_source("test")
     want = [preprocessing.get("imagenet").eval(tf.constant(stored[i]["image"])).numpy() for i in range(4)]
@@ -206,12 +202,11 @@ def test_a_tfds_dataset_prepared_as_array_record_is_read_without_tensorflow(tmp_
     builder = tfds.builder("digit_sample", data_dir=str(tmp_path / "tfrecord"))
     # The same folder on TensorFlow (train.py, export's check images): tf.data cannot stream array_record
     # (NotImplementedError), so the small dataset is read whole through data_source; the large one is one line.
-    from keras_skipinit import data
-
-    on_tensorflow = data.load("digit_sample", data_dir=str(folder), train_examples=40)
-    assert not data.numpy_feed(on_tensorflow)
+    from keras_skipinit.data import sources
+    on_tensorflow = sources.load("digit_sample", data_dir=str(folder), train_examples=40)
+    assert not sources.numpy_feed(on_tensorflow)
     with pytest.raises(ValueError, match="prepared as array_record only.*tfds build large_sample --data_dir=DIR"):
-        data.load("large_sample", data_dir=str(folder))
+        sources.load("large_sample", data_dir=str(folder))
     for i, split in enumerate(("train[:40]", "test")):  # tf.data's examples, in its order
         want = tfds.as_numpy(builder.as_dataset(split=split, as_supervised=True, shuffle_files=False))
         images, labels = (np.stack(a) for a in zip(*want))

@@ -32,15 +32,14 @@ def main():
     parser.add_argument("--validation_examples", type=int, default=0)
     args = parser.parse_args()
 
-    from keras_skipinit import data, numpy_data
-
+    from keras_skipinit.data import numpy_data, sources
     def arrays(ds):
-        return [np.stack(a) for a in zip(*data.as_tf_data(ds).as_numpy_iterator())]
+        return [np.stack(a) for a in zip(*sources.as_tf_data(ds).as_numpy_iterator())]
 
-    dataset = data.load("fashion_mnist", train_examples=args.train_examples)  # TensorFlow: TFDS, its order
+    dataset = sources.load("fashion_mnist", train_examples=args.train_examples)  # TensorFlow: TFDS, its order
     train = arrays(dataset.train)
     if args.validation_examples:
-        held_out = arrays(data.load("fashion_mnist", validation_examples=args.validation_examples).test)
+        held_out = arrays(sources.load("fashion_mnist", validation_examples=args.validation_examples).test)
         train = [np.concatenate(pair) for pair in zip(train, held_out)]
     os.makedirs(args.folder, exist_ok=True)
     for split, (images, labels) in (("train", train), ("t10k", arrays(dataset.test))):

@@ -20,9 +20,8 @@ import json
 import keras
 import numpy as np
 
-from keras_skipinit import data as data_lib, numpy_data, training
-
-
+from keras_skipinit.data import numpy_data, sources as data_lib
+from keras_skipinit.training import trainer
 def _tfdata_permutation(self, p):
     import tensorflow as tf
 
@@ -53,7 +52,7 @@ def main():
     for seed in map(int, args.seeds.split(",")):
         keras.backend.clear_session()
         name = f"{keras.backend.backend()}_{args.feed}_{args.order}_s{seed}"
-        results = training.train(training.Config(depth=10, width=1, epochs=2, seed=seed, verbose=0,
+        results = trainer.train(trainer.Config(depth=10, width=1, epochs=2, seed=seed, verbose=0,
                                                  model_dir=f"{args.out}/{name}"))
         print(json.dumps({"backend": keras.backend.backend(), "feed": args.feed, "order": args.order, "seed": seed,
                           "test_top1": results["test_top1"], "train_cross_entropy": results["train_cross_entropy"]}),

@@ -9,8 +9,8 @@ import textwrap
 
 import keras
 
-from keras_skipinit import block_ops, compat, layers as ksl, normalization as norm_lib
-
+from keras_skipinit import compat, layers as ksl, normalization as norm_lib
+from keras_skipinit.applications import block_ops
 POOLINGS = (None, "avg", "max")
 
 

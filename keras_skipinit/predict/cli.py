@@ -39,28 +39,29 @@ import sys
 
 import numpy as np
 
-from keras_skipinit import _cli, _startup, files as files_lib, image_folder, preprocessing as preprocessing_lib, publish, runtimes
-
-# What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
+from keras_skipinit import files as files_lib  # What a folder is searched for: torchvision's ImageFolder suffixes and GIF (a training folder reads any file PIL reads).
+from keras_skipinit.cli import parsing, startup
+from keras_skipinit.data import image_folder, preprocessing as preprocessing_lib
+from keras_skipinit.serving import publish, runtimes
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 NAME = "python -m keras_skipinit.predict"
 
 
 def build_parser():
-    """The command's flags (no Keras here: `_cli.preparse` answers --help and bad flags before it loads)."""
-    parser = _cli.ArgumentParser(prog=NAME, description="What is in these images, from a trained run or an exported "
+    """The command's flags (no Keras here: `parsing.preparse` answers --help and bad flags before it loads)."""
+    parser = parsing.ArgumentParser(prog=NAME, description="What is in these images, from a trained run or an exported "
                                  "file (one line per image: path, label, score).")
     parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
     parser.add_argument("--source", required=True, type=_existing, help="a train.py model_dir, a .keras file, a SavedModel version "
                         "directory or its model folder (newest version), a .tflite or a .onnx file")
-    parser.add_argument("--top_k", type=_cli.positive_int, default=1, help="classes per image (default 1)")
+    parser.add_argument("--top_k", type=parsing.positive_int, default=1, help="classes per image (default 1)")
     parser.add_argument("--labels", default=None, help="a file of class names, one a line (default: the names the "
                         "source records, else the class index)")
     parser.add_argument("--preprocessing", default=None, choices=preprocessing_lib.NAMES,
                         help="for a .keras file train.py did not save: the preprocessing it was trained with "
                         "(default: the one train.py recorded)")
     parser.add_argument("--output", default=None, help="also write the answers as a CSV file")
-    parser.add_argument("--batch_size", type=_cli.positive_int, default=64, help="images per model call")
+    parser.add_argument("--batch_size", type=parsing.positive_int, default=64, help="images per model call")
     return parser
 
 
@@ -138,22 +139,21 @@ def _softmax(x):
 
 
 def _keras(source, preprocessing=None):
-    missing = _startup.missing_backend()
+    missing = startup.missing_backend()
     if missing:  # the core install has no backend: one line, as every bad input
         raise ValueError(missing)
-    _startup.load_keras(sys.stderr)  # stdout: the answers
+    startup.load_keras(sys.stderr)  # stdout: the answers
     import keras
 
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import model_files, run_dir
     if os.path.isdir(source) and not os.path.exists(os.path.join(source, run_dir.SPEC)):
         models = sorted(n for n in os.listdir(source) if _versions(os.path.join(source, n)))  # an export's --base_path
         hint = f": it holds exported models, e.g. --source={os.path.join(source, models[0])}" if models else ""
         raise ValueError(f"--source={source} is neither a train.py model_dir (no {run_dir.SPEC}) nor a SavedModel "
                          f"version directory (no saved_model.pb) or its model folder{hint}")
-    model, preprocessing, description = run_dir.load_source(source, preprocessing)
+    model, preprocessing, description = model_files.load_source(source, preprocessing)
     run_dir.check_classifier(model, f"--source={source}")
-    labels = run_dir.recorded_labels(source, model.output_shape[-1])
+    labels = model_files.recorded_labels(source, model.output_shape[-1])
     prep = preprocessing_lib.get(preprocessing)
     softmax_inside = getattr(model.layers[-1], "activation", None) is keras.activations.softmax
 
@@ -171,10 +171,10 @@ def _keras(source, preprocessing=None):
 
 
 def _saved_model(path):
-    missing = _cli.without_tensorflow(f"--source={path} (a SavedModel)")
+    missing = parsing.without_tensorflow(f"--source={path} (a SavedModel)")
     if missing:
         raise ValueError(missing)
-    _startup.load_keras(sys.stderr)  # TensorFlow's start-up lines filtered
+    startup.load_keras(sys.stderr)  # TensorFlow's start-up lines filtered
     import tensorflow as tf
 
     serve = tf.saved_model.load(path).signatures["serving_default"]
@@ -296,7 +296,7 @@ def main(argv=None):
         if args.labels is not None:  # a new dict: a SavedModel's answers no longer name classes into it
             source = dataclasses.replace(source, labels=dict(enumerate(runtimes.read_labels(args.labels, source.classes))))
     except ValueError as e:
-        _cli.refuse(NAME, str(e))
+        parsing.refuse(NAME, str(e))
     progress = _Progress() if sys.stderr.isatty() and len(files) > args.batch_size else None
     rows, unreadable, interrupted = [], 0, False
     # SIGTERM (a job's time limit, `kill`) as Ctrl-C: the answers so far go to --output too (issue 91.12)

@@ -5,7 +5,8 @@ import math
 import os
 import sys
 
-from keras_skipinit import _cli, files, normalization as norm_lib, spec
+from keras_skipinit import files, normalization as norm_lib, spec
+from keras_skipinit.cli import parsing
 from keras_skipinit.sweep import factors, log, protocol, report, runner
 from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 
@@ -13,7 +14,7 @@ from keras_skipinit.sweep.presets import METHOD_SETTINGS, PRESETS
 def _halves(text):
     """Integers or halves (-4.5): octaves and half octaves."""
     expected = "whole or half octaves (e.g. -6,-4.5)"
-    values = _cli.numbers(float, text, expected)
+    values = parsing.numbers(float, text, expected)
     if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
@@ -52,8 +53,8 @@ def _method_ints(text):
 
 def build_parser():
     """The sweep's flags: its own, and train.py's settings it passes on (help, kinds, choices from `spec.Config`).
-    No Keras is imported here: `_cli.preparse` answers --help and bad flags before it loads."""
-    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
+    No Keras is imported here: `parsing.preparse` answers --help and bad flags before it loads."""
+    parser = parsing.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE,
                                                protocol.SURVIVAL),
@@ -74,8 +75,8 @@ def build_parser():
                               "not an experiment setting.", "eval_batch_size": "Not an experiment setting.",
                               "l2": "Default: train.py's.", "mixup_alpha": "Default: train.py's.",
                               "bn_momentum": "PyTorch's default: 0.9."})
-    parser.add_argument("--depths", type=_cli.positive_ints, default=[16, 100])
-    parser.add_argument("--batch_sizes", type=_cli.positive_ints, default=None,
+    parser.add_argument("--depths", type=parsing.positive_ints, default=[16, 100])
+    parser.add_argument("--batch_sizes", type=parsing.positive_ints, default=None,
                         help="batch sizes as a cell's axis (--protocol=batch_scaling); default: --batch_size")
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="accumulate each batch from micro-batches of at most this size (SkipInit §3)")
@@ -218,8 +219,8 @@ def _known_classes(args):
     """The class count of the sweep's --dataset where it is known without
     loading it: a folder's class folders, the embedded digits, a dataset read
     from its original files; else None (a TFDS name: TFDS knows)."""
-    from keras_skipinit import image_folder, numpy_data, spec
-
+    from keras_skipinit import spec
+    from keras_skipinit.data import image_folder, numpy_data
     name = args.dataset[: -len(spec.RGB32)] if args.dataset.endswith(spec.RGB32) else args.dataset
     if image_folder.looks_like_folder(args.dataset):
         return len(image_folder.layout(args.dataset, held_out=bool(args.validation_examples))[0]["train"])
@@ -250,7 +251,7 @@ def _chance_from_the_data(parser, args):
 
 
 def checked_parser():
-    """The pre-parse's parser (`_cli.preparse`): its parse_args makes every
+    """The pre-parse's parser (`parsing.preparse`): its parse_args makes every
     check of `parse_args`, so a bad value is refused before Keras loads."""
     parser = build_parser()
     parser.parse_args = parse_args
@@ -260,7 +261,7 @@ def checked_parser():
 def quantization_parser():
     """`python -m keras_skipinit.sweep.quantization`'s flags (here, not there: the pre-parse imports no module
     that runpy then runs)."""
-    parser = _cli.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description="The int8 study, step 2: every completed final run of a sweep's --out exported float32, float16 and "
+    parser = parsing.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description="The int8 study, step 2: every completed final run of a sweep's --out exported float32, float16 and "
                                  "int8 (LiteRT) and float32 and int8 (ONNX Runtime), each file's top-1 accuracy measured in its runtime.")
     parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
     parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")

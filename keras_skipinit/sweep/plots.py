@@ -153,7 +153,7 @@ def plot_depth(details, args):
 def plot_edges(details, args, borrowed=None):
     """The stability edge against depth, one line per method; a cell where
     no rate trained is an x at the bottom. `borrowed`: {depth: sweep} of the
-    depths whose cells come from another sweep (report.edge_table's --beside),
+    depths whose cells come from another sweep (failure_tables.edge_table's --beside),
     named in the title with their k of n."""
     plt = _plt()
     borrowed = borrowed or {}

@@ -51,7 +51,10 @@ def _run_key(run):
 
 def quantize_runs(out, check_images=10000, calibration_images=200):
     """Exports and checks every file not yet in `out`/quantization.jsonl."""
-    from keras_skipinit import data as data_lib, deploy, machine, pipelines, run_dir, serving
+    from keras_skipinit import machine
+    from keras_skipinit.data import pipelines, sources as data_lib
+    from keras_skipinit.serving import deploy, savedmodel
+    from keras_skipinit.training import run_dir
     from keras_skipinit.sweep import log
 
     path = os.path.join(out, LOG)
@@ -65,7 +68,7 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         if not todo:
             continue
         model_dir = os.path.join(out, run["results"]["config"]["model_dir"])  # relative to --out (runner.record)
-        model, preprocessing, _ = serving.load_source(model_dir)
+        model, preprocessing, _ = savedmodel.load_source(model_dir)
         config = run_dir.read_spec(model_dir)["config"]
         wanted = {**data_lib.load_settings(config), "train_examples": None, "validation_examples": None,
                   "preprocessing": None}
@@ -162,7 +165,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from keras_skipinit import _cli
-
-    _cli.start("python -m keras_skipinit.sweep.quantization", "keras_skipinit.sweep.cli:quantization_parser")
+    from keras_skipinit.cli import parsing
+    parsing.start("python -m keras_skipinit.sweep.quantization", "keras_skipinit.sweep.cli:quantization_parser")
     sys.exit(main())

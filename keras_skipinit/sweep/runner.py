@@ -11,19 +11,19 @@ import time
 
 import numpy as np
 
-from keras_skipinit import executors, normalization as norm_lib
+from keras_skipinit import normalization as norm_lib
+from keras_skipinit.sweep import executors
 from keras_skipinit import machine as machine_lib
 from keras_skipinit.sweep import log, protocol
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
 
 def config(settings, run):
-    """A run's training.Config. Runs that choose the learning rate evaluate on
+    """A run's trainer.Config. Runs that choose the learning rate evaluate on
     --validation_examples held out of the training set; final runs train on
     all of it and evaluate on the test set. With --micro_batch_size, a batch
     is accumulated from micro-batches of at most that size (SkipInit §3)."""
-    from keras_skipinit import training
-
+    from keras_skipinit.training import trainer
     key, depth, batch, lr, seed, phase = run
     overrides = dict(METHOD_SETTINGS[key][1])
     for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
@@ -34,7 +34,7 @@ def config(settings, run):
             overrides[name] = getattr(settings, name)
     micro = min(batch, settings.micro_batch_size or batch)
     name = f"{key}_d{depth}" + (f"_b{batch}" if settings.protocol == "batch_scaling" else "")
-    return training.Config(
+    return trainer.Config(
         model=settings.model, depth=depth, width=settings.width, learning_rate=lr, epochs=settings.epochs,
         schedule=settings.schedule, batch_size=batch, accumulation_steps=batch // micro,
         steps_per_epoch=settings.steps_per_epoch, dataset=settings.dataset, data_dir=settings.data_dir,
@@ -76,7 +76,6 @@ def check_protocol(settings, done, out):
     runs come from a protocol that chooses the rate, run directories named
     by batch from batch_scaling), before anything in `out` is rewritten."""
     from keras_skipinit import files
-
     path = os.path.join(out, MARKER)
     if os.path.exists(path):
         recorded = files.read_json(path).get("protocol")
@@ -95,7 +94,6 @@ def check_protocol(settings, done, out):
 
 def mark_protocol(settings, out):
     from keras_skipinit import files
-
     path = os.path.join(out, MARKER)
     if not os.path.exists(path):
         files.write_json(path, {"protocol": settings.protocol, "model": settings.model})
@@ -104,11 +102,10 @@ def mark_protocol(settings, out):
 def check_cells(settings):
     """Refuses, before any run, a cell that train.py would refuse on this
     model (a method, a depth, a batch): not hours into the sweep."""
-    from keras_skipinit import training
-
+    from keras_skipinit.training import trainer
     for key, depth, batch in protocol.cells(settings):
         try:
-            training.validate(config(settings, (key, depth, batch, 0.1, 0, protocol.SELECT)))
+            trainer.validate(config(settings, (key, depth, batch, 0.1, 0, protocol.SELECT)))
         except ValueError as e:
             where = f"depth {depth}" + (f", batch {batch}" if settings.protocol == "batch_scaling" else "")
             raise ValueError(f"--methods={key} at {where} with --model={settings.model}: {e}") from None
@@ -189,8 +186,7 @@ class EpochWatch:
             self.poll()
 
     def poll(self):
-        from keras_skipinit import run_dir
-
+        from keras_skipinit.training import run_dir
         now = time.time()
         for run, config in list(self.in_flight.items()):
             shown_epoch, shown_time = self._shown.setdefault(run, (0, now))
@@ -275,8 +271,7 @@ def _check_not_held(run, run_config, settings):
     """One line in the sweep's words where another process holds a run's
     folder (a second sweep on the same --runs_dir): the run's own refusal
     named a --model_dir the user never gave (issue 91)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     who = run_dir.holder(run_config.model_dir)
     if who:
         raise ValueError(f"run {run_label(run, settings)}: its folder {run_config.model_dir} (in --runs_dir="
@@ -295,8 +290,7 @@ class _Progress:
 
 def _progress(config):
     """A pending run's `_Progress`, read from its model_dir."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     epochs, who = _epochs_recorded(config), run_dir.holder(config.model_dir)
     notes = ([f"running now: {who.split(' (')[0]}"] if who else []) + (
         [f"{epochs} of {config.epochs} epochs done"] if epochs else [])
@@ -306,8 +300,7 @@ def _progress(config):
 def _epochs_recorded(config):
     """Epochs a run's history.csv holds as it is submitted: a resumed run's done elsewhere, 0 for a new
     run or one this machine does not see (on a Ray cluster's other nodes)."""
-    from keras_skipinit import run_dir
-
+    from keras_skipinit.training import run_dir
     try:
         return max((row["epoch"] for row in run_dir.read_history(config.model_dir)), default=0)
     except (OSError, ValueError):
