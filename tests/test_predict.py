@@ -58,6 +58,32 @@ def test_a_run_answers_what_its_model_computes(run_and_images, capsys, tmp_path)
     assert rows[0] == ["path", "label_1", "score_1", "label_2", "score_2"] and rows[1:] == lines
 
 
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "jax",
+                    reason="JAX only: there each initializer is an XLA program compiled per shape (CI's JAX stage)")
+def test_a_jax_run_folder_is_rebuilt_without_running_its_initializers(run_and_images, monkeypatch):
+    """Issue 89.5: predict from a JAX run folder took 20 s, most of it compiling the initializers of weights
+    the checkpoint then replaced. The model comes back with no initializer run, computes what the model
+    built as usual and restored computes, and Keras holds no variable left uninitialized."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    from keras_skipinit.training.checkpoint import Checkpoint
+
+    run, _ = run_and_images
+    initialized = []
+    original = keras.Variable._initialize_with_initializer
+    monkeypatch.setattr(keras.Variable, "_initialize_with_initializer",
+                        lambda self, initializer: initialized.append(self.path) or original(self, initializer))
+    model, _, _ = model_files.newest_model(str(run))
+    assert initialized == [] and not global_state.get_global_attribute("uninitialized_variables")
+    monkeypatch.undo()
+    usual = run_dir.recorded_model(run_dir.read_spec(str(run))["model"])
+    Checkpoint(str(run / run_dir.CHECKPOINTS)).restore(usual, with_optimizer=False)
+    x = np.random.default_rng(0).standard_normal((8, 28, 28, 1)).astype("float32")
+    np.testing.assert_array_equal(np.asarray(model(x, training=False)), np.asarray(usual(x, training=False)))
+    assert [w.path for w in model.weights] == [w.path for w in usual.weights]
+
+
 def test_a_keras_file_from_elsewhere_answers_with_the_preprocessing_named(run_and_images, capsys, tmp_path):
     """A .keras file train.py did not save records no preprocessing: refused,
     naming --preprocessing, which then answers as the run (--labels names its

@@ -108,9 +108,8 @@ def newest_model(model_dir):
     checkpoint = Checkpoint(os.path.join(model_dir, run_dir.CHECKPOINTS))
     path = os.path.join(model_dir, run_dir.MODEL)
     if checkpoint.all():
-        model = run_dir.recorded_model(spec["model"])
         try:
-            (epoch, step), restored = checkpoint.restore(model, with_optimizer=False)
+            model, ((epoch, step), restored) = _restored(spec["model"], checkpoint)
         except ValueError as e:
             if not os.path.exists(path):
                 raise
@@ -125,6 +124,40 @@ def newest_model(model_dir):
     if os.path.exists(path):
         return load_keras(path), spec["preprocessing"], path
     raise ValueError(f"{model_dir} has neither a checkpoint nor {run_dir.MODEL} to export")
+
+
+def _restored(model_args, checkpoint):
+    """(model, ((epoch, step), path)): the recorded model holding the newest readable checkpoint.
+
+    On JAX, building a model runs every initializer, each an XLA program compiled per weight shape
+    (seconds apiece: 20-30 s of predict from a WRN-10-1 run folder on 2 cores), for values the checkpoint
+    replaces (issue 89.5). There the model is built in a Keras StatelessScope that initializes nothing,
+    the checkpoint assigns its variables, and only those it did not hold are initialized. TensorFlow's
+    initializers are cheap eager ops, and its variables cannot be assigned before they exist: there the
+    model is built as usual."""
+    if keras.backend.backend() != "jax":
+        model = run_dir.recorded_model(model_args)
+        return model, checkpoint.restore(model, with_optimizer=False)
+    with keras.StatelessScope(initialize_variables=False):
+        model = run_dir.recorded_model(model_args)
+    try:
+        return model, checkpoint.restore(model, with_optimizer=False)
+    finally:
+        _initialize_unassigned()
+
+
+def _initialize_unassigned():
+    """Empties Keras' list of the variables a StatelessScope left uninitialized: those assigned since
+    keep their value (their initializer dropped), the others are initialized now."""
+    from keras.src.backend.common import global_state  # where Keras 3 keeps that list (no public name)
+
+    pending = global_state.get_global_attribute("uninitialized_variables") or []
+    global_state.set_global_attribute("uninitialized_variables", [])
+    for variable in pending:
+        if variable._value is None:
+            variable._deferred_initialize()
+        else:
+            variable._initializer = None
 
 
 def _model_keras_epochs(model_dir):
