@@ -41,9 +41,11 @@ setup(
     # tfds: TFDS datasets on JAX without TensorFlow (prepared as array_record, where TensorFlow is, once).
     # ray: `python -m keras_skipinit.sweep --executor=ray` (sweeps on a Ray cluster).
     # export: `python -m export --format=litert|onnx` (the LiteRT interpreter, ONNX Runtime, the TF->ONNX converter).
+    # docs: the API reference (`mkdocs build --strict`: the guides and every public module's docstrings).
     extras_require={"tensorflow": TENSORFLOW, "test": [*TENSORFLOW, "pytest>=7", "pytest-xdist>=3.5"],
                     "jax": ["jax>=0.4.30"], "tfds": TFDS_WITHOUT_TENSORFLOW, "ray": ["ray>=2.9"],
-                    "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"]},
+                    "export": ["ai-edge-litert>=1.2", "onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"],
+                    "docs": ["mkdocs>=1.6,<2", "mkdocstrings-python>=1.10"]},
     entry_points={
         "console_scripts": [
             "keras-skipinit-train=keras_skipinit.cli.train_cli:run",

@@ -1,11 +1,13 @@
-"""The README's code blocks, run in order as a new user would run them.
+"""The code blocks of the README and the guides, run in order as a new user
+would run them.
 
 CI runs this in a fresh clone of the commit, in its second stage (every extra
 installed: `--stage=tensorflow`) and its third (`.[jax]` without TensorFlow:
 `--stage=jax`): each command of a ```bash block, and each ```python block,
-in the order the README has them, in the clone's root, one shell each. A
-command that exits non-zero fails the run. The blocks under "### On JAX" run in
-the JAX stage, the others in the TensorFlow stage.
+page by page in `PAGES`' order (the README, then the guides as mkdocs.yml's
+nav lists them), in the clone's root, one shell each. A command that exits
+non-zero fails the run. The JAX guide's blocks run in the JAX stage, the
+others in the TensorFlow stage.
 
 Not every command can run on CI's machine (no internet, no Docker, one host):
 `SKIP` says, by pattern, which ones do not and why. A command that neither
@@ -24,7 +26,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JAX_SECTION = "### On JAX"
+GUIDES = ("models", "training", "own_images", "serving", "experiments", "jax_and_clusters", "contributing")
+PAGES = ("README.md", *(f"docs/guides/{name}.md" for name in GUIDES))
+JAX_PAGE = "docs/guides/jax_and_clusters.md"
 
 # (pattern, why the command does not run in CI): searched in the command, continuation lines joined.
 SKIP = [
@@ -37,18 +41,18 @@ SKIP = [
     (r"^ray start|--executor=ray", "a Ray cluster"),
     (r"KERAS_DISTRIBUTION_NUM_PROCESSES", "several hosts"),
     (r"--function_change --depths=16,100,1000", "builds WRN-1000 unrolled: minutes (its toy size is tested)"),
-    (r"WideResNet\(1000, 2", "builds WRN-1000-2 and four ResNet-50s (80 s on 2 cores); the constructors are tested "
+    (r"WideResNet\(1000, 2, normalization=\"skipinit\"\)", "builds WRN-1000-2 and four ResNet-50s (80 s on 2 cores); the constructors are tested "
                             "at small size"),
 ]
 
 
-def blocks(readme):
-    """[(section, language, [command or program, ...])] of the README's ```bash
+def blocks(page):
+    """[(section, language, [command or program, ...])] of a page's ```bash
     and ```python blocks in order: a bash block's commands one a line
     (continuations joined, comments and blank lines left out), a python block
     whole."""
     found, section, lines, language = [], "", [], None
-    for line in open(readme, encoding="utf-8").read().splitlines():
+    for line in open(os.path.join(ROOT, page), encoding="utf-8").read().splitlines():
         if language is None:
             if line.startswith("#"):
                 section = line
@@ -76,9 +80,14 @@ def _commands(lines):
     return commands
 
 
-def classify(section, command):
+def all_blocks():
+    """[(page, section, language, commands)] of every page in `PAGES`' order."""
+    return [(page, *block) for page in PAGES for block in blocks(page)]
+
+
+def classify(page, command):
     """('tensorflow' or 'jax', None) for a command that runs in that stage, or (stage, reason) for one that does not."""
-    stage = "jax" if section.startswith(JAX_SECTION) else "tensorflow"
+    stage = "jax" if page == JAX_PAGE else "tensorflow"
     for pattern, reason in SKIP:
         if re.search(pattern, command):
             return stage, reason
@@ -91,9 +100,9 @@ def main():
     parser.add_argument("--list", action="store_true", help="print how each command is classified")
     args = parser.parse_args()
     failed = []
-    for section, language, commands in blocks(os.path.join(ROOT, "README.md")):
+    for page, section, language, commands in all_blocks():
         for command in commands:
-            stage, reason = classify(section, command)
+            stage, reason = classify(page, command)
             shown = command.splitlines()[0][:110]
             if args.list or stage != args.stage:
                 if args.list:
@@ -110,7 +119,7 @@ def main():
             if proc.returncode:
                 failed.append(shown)
     if failed:
-        print(f"{len(failed)} README command(s) failed: {failed}", file=sys.stderr)
+        print(f"{len(failed)} command(s) of the README and guides failed: {failed}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from keras_skipinit import analysis, applications as apps
 from keras_skipinit.analysis import command, flags
+
 RNG = np.random.default_rng(0)
 
 
@@ -253,10 +254,10 @@ def test_a_flag_the_analysis_would_ignore_or_cannot_read_is_refused_before_any_w
                     "the same seed draws other initial weights on another backend")
 @pytest.mark.parametrize("figure", ["spp_wrn100", "spp_toy_relu_bn"])
 def test_the_readmes_figures_are_what_their_commands_compute(tmp_path, figure):
-    """docs/spp_* are what the README's commands write (spp_wrn100 drifted ~1% once, unnoticed): the same
+    """docs/spp_* are what the experiments guide's commands write (spp_wrn100 drifted ~1% once, unnoticed): the same
     rows, every statistic within 1e-3 (other CPUs' round-off grows through 48 unnormalized blocks)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readme = open(os.path.join(root, "README.md")).read().replace("\\\n", " ")
+    readme = open(os.path.join(root, "docs", "guides", "experiments.md")).read().replace("\\\n", " ")
     (command,) = [line.split() for line in readme.splitlines() if line.startswith("python -m keras_skipinit.analysis")
                   and f"--out=docs/{figure}" in line]
     argv = [f"--out={tmp_path}" if a.startswith("--out=") else a for a in command[3:]]

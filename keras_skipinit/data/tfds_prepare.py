@@ -33,6 +33,8 @@ import socket
 import urllib.parse
 
 from keras_skipinit.data import image_folder
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalCopy:
     """A known local copy of a dataset's download files."""
@@ -78,7 +80,7 @@ def neither(name):
 
 
 def could_be_a_name(name):
-    """Whether `name`'s dataset part is one word, as TFDS's name[/config][:version] needs: what tells a
+    """Whether `name`'s dataset part is one word, as TFDS's `name[/config][:version]` needs: what tells a
     mistyped folder (my-images) from a dataset name where TFDS is not installed to ask."""
     return re.fullmatch(r"\w+", re.split(r"[/:]", name, maxsplit=1)[0]) is not None
 
