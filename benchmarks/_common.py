@@ -7,6 +7,7 @@ import statistics
 import time
 
 from keras_skipinit.cli import startup
+
 startup.quiet_start()  # before Keras loads TensorFlow: none of its C++ start-up lines
 
 import keras  # noqa: E402  (KERAS_BACKEND picks tensorflow, jax or torch)

@@ -28,6 +28,7 @@ import _common
 import numpy as np
 
 from keras_skipinit.data import image_folder, numpy_data, pipelines, sources, tfds_prepare
+
 BATCH = 64
 
 

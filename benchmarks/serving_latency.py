@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from keras_skipinit import applications as apps
 from keras_skipinit.serving import deploy, runtimes, savedmodel
+
 MODELS = {
     "WRN-16-2 batchnorm": lambda: apps.WideResNet(16, 2, input_shape=(32, 32, 3), normalization="batchnorm"),
     "WRN-16-2 fixup": lambda: apps.WideResNet(16, 2, input_shape=(32, 32, 3), normalization="fixup"),

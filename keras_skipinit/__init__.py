@@ -16,6 +16,7 @@ with Keras now if it is loaded, else when it loads (`_serializables`), so a
 import importlib
 
 from keras_skipinit import _serializables
+
 __version__ = "0.1.0"
 # The public modules by name (every backend: the first row; TensorFlow's route: the second), each folder's
 # modules listed in its __init__. The flat names of before the folders map to their modules.

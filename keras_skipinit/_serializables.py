@@ -16,6 +16,7 @@ import importlib.util
 import sys
 
 from keras_skipinit.cli import startup
+
 MODULES = ("keras_skipinit.layers", "keras_skipinit.looped", "keras_skipinit.optimizers", "keras_skipinit.schedules")
 
 

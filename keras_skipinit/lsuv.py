@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_skipinit import layers as ksl
+
 WEIGHT_LAYERS = (keras.layers.Conv2D, keras.layers.Dense)
 
 

@@ -19,6 +19,7 @@ import keras
 from keras import ops
 
 from keras_skipinit import spec
+
 SCHEDULES = spec.SCHEDULES
 # kind -> (D, end of warm-up, end of the constant phase), in units of 1/D of
 # training; the learning rate halves every 1/D after the constant phase.

@@ -160,6 +160,7 @@ _CLI_CASES = r"""
 import contextlib, io, json, sys, traceback
 from absl import flags
 from keras_skipinit.cli import parsing
+
 name, cases = sys.argv[1], json.loads(sys.argv[2])
 module = __import__(f"keras_skipinit.cli.{name}_cli", fromlist=["main"])
 program = {"train": "train.py", "export": "export"}[name]

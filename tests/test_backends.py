@@ -128,6 +128,7 @@ def test_keras_files_move_between_tensorflow_and_jax_with_equal_outputs(tmp_path
 SGD_STEPS = r"""
 import sys, numpy as np, keras
 from keras_skipinit.training import run_model, trainer
+
 folder = sys.argv[1]
 data = type("Data", (), dict(input_shape=(16, 16, 3), num_classes=10))
 for name in sys.argv[2].split(","):
@@ -175,6 +176,7 @@ TORCH = r"""
 import numpy as np, keras
 import keras_skipinit as ks
 from keras_skipinit import applications as apps
+
 assert keras.backend.backend() == "torch"
 to_np = keras.ops.convert_to_numpy
 x = np.random.default_rng(0).standard_normal((10, 16, 16, 3)).astype("float32")
@@ -281,6 +283,7 @@ SAME_STEPS = r"""
 import json, sys, numpy as np, keras
 from keras_skipinit.data import sources
 from keras_skipinit.training import run_model, trainer
+
 folder = sys.argv[1]
 config = trainer.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0,
                          model_dir=folder + "/unused")

@@ -15,6 +15,7 @@ from keras_skipinit import applications as apps
 from keras_skipinit.data import pipelines, sources
 from keras_skipinit.serving import deploy
 from keras_skipinit.training import trainer
+
 pytestmark = tf_only
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RNG = np.random.default_rng(0)

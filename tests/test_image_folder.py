@@ -15,6 +15,7 @@ from PIL import Image
 
 from keras_skipinit.data import digits, image_folder, sources as data_lib
 from keras_skipinit.training import model_files, run_dir, trainer
+
 CLASSES = {"one": 1, "seven": 7, "zero": 0}  # folder name -> digit; sorted names give labels 0, 1, 2
 
 

@@ -11,6 +11,7 @@ import keras
 import pytest
 
 from keras_skipinit import applications as apps, layers as ksl
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USER_SCRIPT = """

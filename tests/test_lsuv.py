@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 from keras_skipinit import analysis, applications as apps, lsuv
+
+
 def digits(n=64):
     """Standardized real digits (no TensorFlow: runs under every backend)."""
     return analysis.real_digits(n, seed=0)

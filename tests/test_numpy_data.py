@@ -7,6 +7,8 @@ import pytest
 
 from conftest import require_fashion_mnist
 from keras_skipinit.data import digits, numpy_data, preprocessing
+
+
 def test_a_batch_is_a_function_of_seed_epoch_and_step_and_each_pass_sees_every_example_once():
     images, labels = digits.load()
     images, labels = images[:50], labels[:50]

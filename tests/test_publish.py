@@ -7,6 +7,7 @@ import os
 import pytest
 
 from keras_skipinit.serving import publish
+
 SUFFIXES = (".tflite", ".onnx")
 
 

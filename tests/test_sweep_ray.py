@@ -14,6 +14,7 @@ import pytest
 
 from conftest import require_module
 from keras_skipinit import sweep
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--depths=10", "--seeds=1", "--best_k=1", "--protocol=depth", "--lrs=0.05"]
 

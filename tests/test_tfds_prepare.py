@@ -17,6 +17,7 @@ from conftest import require_fashion_mnist, session_dir
 from keras_skipinit.cli import startup
 from keras_skipinit.data import sources, tfds_prepare
 from keras_skipinit.training import trainer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFFLINE = "import socket\ndef _offline(*a, **k): raise socket.gaierror(-2, 'Name or service not known')\nsocket.create_connection = _offline\n"
 

@@ -231,6 +231,7 @@ import os, sys, types
 sys.modules["tensorflow"] = None  # importing it fails
 os.environ["KERAS_BACKEND"] = "jax"
 from keras_skipinit.training.callbacks import EpochScalars
+
 scalars = EpochScalars({str(tmp_path)!r})
 scalars.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(learning_rate=0.25)))
 scalars.on_epoch_end(0, {{"loss": 2.0, "top1": 0.5, "val_loss": 1.5, "val_top1": 0.625}})

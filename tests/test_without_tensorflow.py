@@ -136,6 +136,7 @@ sys.meta_path[:] = [Hidden(f) if hasattr(f, "find_spec") else f for f in sys.met
 os.environ["KERAS_BACKEND"] = "jax"
 import numpy as np
 from keras_skipinit.data import pipelines, sources
+
 folder, empty = sys.argv[1:]
 dataset = sources.load("digit_sample", data_dir=folder, train_examples=40)
 x, y = pipelines.first_batch(pipelines.train_pipeline(dataset, 8, epoch=0))

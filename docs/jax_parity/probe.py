@@ -22,6 +22,8 @@ import numpy as np
 
 from keras_skipinit.data import numpy_data, sources as data_lib
 from keras_skipinit.training import trainer
+
+
 def _tfdata_permutation(self, p):
     import tensorflow as tf
 

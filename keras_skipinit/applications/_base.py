@@ -11,6 +11,7 @@ import keras
 
 from keras_skipinit import compat, layers as ksl, normalization as norm_lib
 from keras_skipinit.applications import block_ops
+
 POOLINGS = (None, "avg", "max")
 
 

@@ -18,6 +18,7 @@ from keras_skipinit import spec
 from keras_skipinit.cli import parsing
 from keras_skipinit.data import preprocessing as preprocessing_lib
 from keras_skipinit.serving import publish
+
 USAGE = """Export a trained model: a TensorFlow Serving SavedModel, or one LiteRT or ONNX file.
 
   keras-skipinit-export --source=runs/default --base_path=exports/serving --model_name=skipinit

@@ -13,6 +13,8 @@ import sys
 from absl import app, flags
 
 from keras_skipinit.cli import startup
+
+
 def program(default):
     """The command's name as invoked: train.py, keras-skipinit-train, ..."""
     base = os.path.basename(sys.argv[0])

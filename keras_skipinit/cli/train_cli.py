@@ -15,6 +15,7 @@ from absl import app, flags, logging
 
 from keras_skipinit import spec
 from keras_skipinit.cli import parsing
+
 USAGE = """Train a keras_skipinit model with the papers' protocol.
 
 With no flags: a WRN-16-1 with SkipInit (alpha = 0, no normalization) on the

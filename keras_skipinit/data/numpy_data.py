@@ -30,6 +30,7 @@ import zlib
 import numpy as np
 
 from keras_skipinit.data import preprocessing
+
 PAD = preprocessing.CIFAR_PAD
 # Class names by label of the datasets read from their original files (TFDS's ClassLabel names).
 LABEL_NAMES = {

@@ -11,6 +11,8 @@ import keras
 import numpy as np
 
 from keras_skipinit.data import numpy_data, preprocessing, sources
+
+
 def _process_shard():
     """(index, count) of this JAX process: the NumPy feed gives each process
     its part of every global batch (`distribute.feed_shards_itself`)."""

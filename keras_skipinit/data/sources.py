@@ -29,6 +29,7 @@ import numpy as np
 from keras_skipinit import spec
 from keras_skipinit.cli import startup
 from keras_skipinit.data import digits, image_folder, numpy_data, preprocessing, tfds_prepare
+
 EMBEDDED = spec.EMBEDDED
 # `<dataset>_rgb32`: a 28x28 gray dataset as the papers' CIFAR input (32x32x3): each image zero-padded by 2
 # pixels and its channel repeated (e.g. fashion_mnist_rgb32).

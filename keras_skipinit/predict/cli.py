@@ -43,6 +43,7 @@ from keras_skipinit import files as files_lib  # What a folder is searched for: 
 from keras_skipinit.cli import parsing, startup
 from keras_skipinit.data import image_folder, preprocessing as preprocessing_lib
 from keras_skipinit.serving import publish, runtimes
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 NAME = "python -m keras_skipinit.predict"
 

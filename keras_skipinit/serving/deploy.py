@@ -38,6 +38,7 @@ from keras_skipinit import files, spec
 from keras_skipinit.cli import parsing, startup
 from keras_skipinit.data import preprocessing as preprocessing_lib
 from keras_skipinit.serving import inference, publish, runtimes, savedmodel
+
 FLOAT_TOLERANCE = 1e-4  # maximum absolute difference of any probability, float exports
 ONNX_OPSET = 17
 

@@ -15,6 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_skipinit import layers as ksl, looped
+
+
 def _consumers(model):
     users = {}
     for layer in model.layers:

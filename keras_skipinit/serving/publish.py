@@ -11,6 +11,8 @@ import shutil
 import tempfile
 
 from keras_skipinit import files
+
+
 def stem(path):
     return os.path.splitext(os.path.abspath(path))[0]
 

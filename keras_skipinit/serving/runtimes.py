@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from keras_skipinit.cli import startup  # LiteRT's C++ note on every interpreter (not a warning; a user's own Python shows it: README).
+
 NOISE = ("INFO: Created TensorFlow Lite XNNPACK delegate",)
 
 

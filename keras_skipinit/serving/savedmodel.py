@@ -33,6 +33,7 @@ from keras_skipinit import files
 from keras_skipinit.data import preprocessing as preprocessing_lib
 from keras_skipinit.serving import inference, publish
 from keras_skipinit.training import model_files, run_dir
+
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 

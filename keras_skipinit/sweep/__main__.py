@@ -1,4 +1,5 @@
 from keras_skipinit.cli import parsing
+
 parsing.start("python -m keras_skipinit.sweep", "keras_skipinit.sweep.cli:checked_parser", training=True)
 
 from keras_skipinit.sweep.cli import main  # noqa: E402  (after the start: flags answered before Keras loads)

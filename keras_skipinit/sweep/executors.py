@@ -20,6 +20,8 @@ import time
 
 from keras_skipinit import machine
 from keras_skipinit.cli import startup
+
+
 class RunFailed(RuntimeError):
     """A run that raised, or whose worker died more often than it may be
     retried; `ident` names the run (the sweep words the message)."""

@@ -6,6 +6,8 @@ method a sweep can run (its --methods): every `normalization.METHODS` entry
 under its own name, and a few named settings of them (SkipInit's alpha = 1)."""
 
 from keras_skipinit import normalization as norm_lib
+
+
 def _method(name, title=None, **overrides):
     """(label, training.Config overrides) of a run of method `name`."""
     return title or norm_lib.METHODS[name].title, dict(normalization=name, **overrides)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from keras_skipinit import spec
+
 SELECT, FINAL = "select", "final"
 PAPER_LOG2_RANGE = (-10, 2)  # SkipInit §2.3: learning rates 2^-10 .. 2^2
 CHOOSING = ("converged", "batch_scaling")  # protocols that choose on validation, then run final seeds

@@ -13,6 +13,8 @@ import time
 import keras
 
 from keras_skipinit.training import distribute
+
+
 class Interrupt:
     """SIGINT (Ctrl-C) or SIGTERM while `train` runs: the step in progress
     finishes, a checkpoint is taken there and `train` returns status

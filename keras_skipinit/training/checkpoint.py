@@ -11,6 +11,8 @@ import tempfile
 import keras
 
 from keras_skipinit import files
+
+
 class Checkpoint:
     """Model and optimizer state at a position in training, as versioned
     directories ``ckpt-<epoch>-<step>``: each is written in a temporary

@@ -30,6 +30,7 @@ import keras
 
 from keras_skipinit import machine, spec
 from keras_skipinit.cli import startup
+
 BACKENDS = startup.TRAINING_BACKENDS
 STRATEGIES = spec.STRATEGIES
 

@@ -25,6 +25,7 @@ checkpoint.
 import os
 
 from keras_skipinit import normalization, spec
+
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
 SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
 NEEDS = "the same " + ", ".join(f"--{name}" for name in SAME) + " and image channels"  # what a source must share

@@ -8,6 +8,8 @@ import keras
 
 from keras_skipinit import machine
 from keras_skipinit.training import distribute
+
+
 def activation_bytes(model, batch):
     """A lower bound on a training step's activation memory: every layer's
     output, kept for the backward pass, at the compute dtype (a looped stage
