@@ -333,3 +333,31 @@ def test_rgb32_is_the_gray_image_padded_and_repeated_on_both_routes(mock_tfds):
             assert a[1] == b[1]
         with pytest.raises(ValueError, match="takes 28x28x1 images, cifar10 has 32x32x3"):
             sources.load("cifar10" + sources.RGB32)
+
+
+def test_a_data_source_is_one_entry_of_the_table(monkeypatch):
+    """Issue 88.5: `load` asks `SOURCES` in order; a new kind of data is one `Source` (no branch in `load`),
+    and what `load` adds to every source (train/held-out counts checked, `_rgb32`, a preprocessing choice)
+    applies to it too."""
+    seen = []
+
+    def read(request):
+        seen.append(request)
+        images = np.full((12, 28, 28, 1), 7, np.uint8)
+        return sources._in_memory(request.name, (images, np.arange(12) % 3), (images[:4], np.arange(4) % 3),
+                                  request.train_examples, request.held_out, flip=False, label_names=("a", "b", "c"))
+
+    toy = sources.Source("toy", lambda request: request.name.startswith("toy:"), read)
+    monkeypatch.setattr(sources, "SOURCES", (toy, *sources.SOURCES))
+    chosen = []
+    choose = preprocessing.choose
+    monkeypatch.setattr(preprocessing, "choose", lambda *args, **kwargs: chosen.append(args[:3]) or choose(
+        "standardize", *args[1:3]))
+    dataset = sources.load("toy:x_rgb32", train_examples=6, validation_examples=2, preprocessing_choice="mean_std")
+    assert seen == [sources.Request("toy:x", None, None, 6, 2, {})]
+    assert (dataset.num_train, dataset.num_test, dataset.eval_split) == (6, 2, "validation")
+    assert dataset.raw_shape == (32, 32, 3) and dataset.label_names == ("a", "b", "c")
+    assert chosen[-1] == ("mean_std", "toy:x_rgb32", (32, 32, 3))  # the choice, for the 32x32x3 images
+    assert sources.load("mnist_embedded").num_classes == 10  # the table's own entries still answer
+    with pytest.raises(ValueError, match="train_examples must be a positive int"):
+        sources.load("toy:x", train_examples=0)

