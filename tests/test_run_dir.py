@@ -352,7 +352,7 @@ def test_console_commands_resolve_and_run_help(command, module):
     (entry,) = [e for e in metadata.entry_points(group="console_scripts") if e.name == command]
     # Loaded by the script below, in its own process: each command defines its absl flags at
     # import, so loading both into this process would define --dataset twice.
-    assert entry.value == f"keras_skipinit.{module}:run"
+    assert entry.value == f"keras_skipinit.cli.{module}:run"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     script = os.path.join(os.path.dirname(sys.executable), command)
     proc = subprocess.run([script, "--helpfull"], capture_output=True, text=True, timeout=300, env=env, cwd="/")
