@@ -31,7 +31,7 @@ MODELS = {
 SETTINGS = {  # name -> (KERAS_BACKEND, --xla)
     "TensorFlow": ("tensorflow", False),
     "TensorFlow + XLA": ("tensorflow", True),
-    "JAX": ("jax", False),  # compiled with XLA whatever --xla says (distribute.jit_compile)
+    "JAX": ("jax", False),  # compiled with XLA whatever --xla says (Jax.jit_compile)
 }
 
 

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import signal
 import shutil
 import subprocess
@@ -301,8 +302,29 @@ def test_mirrored_strategy_is_shared_by_runs_in_one_process():
     keys and aborts the next all-reduce of another size (tensorflow#62790):
     training the looped and the unrolled mirrored models in one pytest process
     failed so in CI."""
-    first = distribute.make_strategy("mirrored")
-    assert first.num_replicas_in_sync == 2 and distribute.make_strategy("mirrored") is first
+    first = distribute.make("mirrored")
+    assert first.replicas == 2 and distribute.make("mirrored").strategy is first.strategy
+
+
+def test_training_asks_one_distribution_interface_and_switches_on_no_backend():
+    """Issue 88.6: what differs between TensorFlow and JAX in training is one interface
+    (`distribute.Distribution`, an implementation per backend, chosen in one place); no module of
+    training/ but distribute.py compares backends, and each implementation answers every member."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_skipinit", "training")
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py") and name != "distribute.py":
+            with open(os.path.join(root, name), encoding="utf-8") as f:
+                assert not re.search(r"backend\(\)\s*(==|!=|in\b)|JaxDataParallel|isinstance\([^)]*Strategy", f.read()), name
+    members = {"scope", "replicas", "model_batch", "on_gpu", "make"}
+    for implementation in (distribute.TensorFlow, distribute.Jax):
+        assert issubclass(implementation, distribute.Distribution)
+        assert all(member in vars(implementation) for member in members), implementation
+    assert distribute.current().name == BACKEND
+    distribution = distribute.make("auto")
+    assert distribution.chief and distribution.workers == 1 and not distribution.pads_evaluation
+    # TensorFlow: a replica's share of the batch (the 2 logical CPUs of conftest are not used by "auto");
+    # JAX: the global batch, one program over every device (synchronized BatchNorm).
+    assert distribution.model_batch(64) == (64 // distribution.replicas if BACKEND == "tensorflow" else 64)
 
 
 # TensorFlow replicas normalize their own part of the batch: ghost batches of
@@ -743,7 +765,7 @@ def test_two_worker_run_on_localhost_equals_one_device(tmp_path):
         assert "ran out of data" not in err, err[-3000:]  # issue 32.7: Keras' warning at the evaluation's end
     assert "Test accuracy" in outs[0][0] and "the chief writes" in outs[1][0]
     results = json.loads((tmp_path / "mw" / "results.json").read_text())
-    devices = 2 * len(distribute.make_strategy("auto").devices) if BACKEND == "jax" else 2
+    devices = 2 * distribute.make("auto").replicas if BACKEND == "jax" else 2
     assert (results["replicas"], results["workers"], results["chief"]) == (devices, 2, True)
 
     reference = small_config(tmp_path, alpha_init="one", epochs=1, steps_per_epoch=3, batch_size=16,

@@ -15,7 +15,7 @@ from keras_skipinit.data import numpy_data, preprocessing, sources
 
 def _process_shard():
     """(index, count) of this JAX process: the NumPy feed gives each process
-    its part of every global batch (`distribute.feed_shards_itself`)."""
+    its part of every global batch (`Distribution.feed_sharded_by_us`)."""
     import jax
 
     return jax.process_index(), jax.process_count()

@@ -96,7 +96,7 @@ class TrainingMonitor(keras.callbacks.Callback):
             self.diverged = {"epoch": self.epoch, "step_in_epoch": self.step, "loss": float(loss)}
             self.model.stop_training = True
         elif self.step < self.last_step and (self.interrupt.signal or self.every and self.step % self.every == 0):
-            distribute.sync_weights(self.model)  # JAX: from the trainer's state
+            distribute.current().sync_weights(self.model)  # JAX: from the trainer's state
             self.save(self.epoch, self.step, partial_logs=dict(logs))
             if self.interrupt.signal:
                 raise Stopped  # out of fit at once: no evaluation of a half-trained epoch

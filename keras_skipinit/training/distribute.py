@@ -1,6 +1,7 @@
 """Devices, replicas and workers: the one place where training differs by
-Keras backend. `training` asks this module for a strategy and
-uses only its `scope()` and `num_replicas_in_sync`, plus the functions below.
+Keras backend. One interface, `Distribution`, with an implementation per
+backend (`TensorFlow`, `Jax`; `current()` picks it by Keras' backend, the one
+lookup); the trainer asks `make(name)` for one and uses its members only.
 
 - TensorFlow: tf.distribute. MirroredStrategy over the local GPUs,
   MultiWorkerMirroredStrategy from TF_CONFIG (with the workarounds of
@@ -46,82 +47,172 @@ def check_backend():
         raise ValueError(startup.backend_error(backend()))
 
 
-def on_gpu():
-    """Whether the model runs on GPUs (memory and precision warnings)."""
-    if backend() == "jax":
-        import jax
-
-        return jax.default_backend() != "cpu"
-    import tensorflow as tf
-
-    return bool(tf.config.list_logical_devices("GPU"))
+def of_backend():
+    """The `Distribution` class of Keras' backend (the one backend switch);
+    on a backend that does not train, the interface's defaults (what
+    predict, which runs on any backend, asks: `build_uninitialized`)."""
+    return {"tensorflow": TensorFlow, "jax": Jax}.get(backend(), Distribution)
 
 
-def jit_compile(xla):
-    """`Model.compile(jit_compile=...)`. On JAX every step is compiled with
-    XLA (False would dispatch each op from Python, several times slower:
-    benchmarks/README.md, "JAX against TensorFlow"); on TensorFlow XLA is
-    the --xla opt-in."""
-    return True if backend() == "jax" else xla
+def current():
+    """The `Distribution` class of Keras' backend; others refused in one line."""
+    check_backend()
+    return of_backend()
 
 
-def make_strategy(name):
-    """The strategy for `name`, one of STRATEGIES (checked by `training.validate`)."""
-    if backend() == "jax":
-        return _jax_strategy(name)
-    return _tf_strategy(name)
+def make(name):
+    """The distribution for strategy `name`, one of STRATEGIES (checked by `trainer.validate`)."""
+    return current().make(name)
+
+
+class Distribution:
+    """What training asks of devices, replicas and workers. Class-level
+    answers (`on_gpu`, `jit_compile`, `sync_weights`) need no instance; an
+    instance (`make`) holds the run's devices: `scope()` around building and
+    fitting, `replicas`, `chief`, `workers`, `model_batch`, `pads_evaluation`,
+    `prepare_model`, `feed_sharded_by_us`."""
+
+    name = None
+    pads_evaluation = False  # the evaluation set in whole global batches (`pipelines.eval_pipeline`)
+    # A model whose every weight a checkpoint replaces is built without running its initializers
+    # (`model_files`): where they are costly and a variable can be assigned before it exists.
+    build_uninitialized = False
+
+    def scope(self):
+        raise NotImplementedError
+
+    @property
+    def replicas(self):
+        raise NotImplementedError
+
+    @property
+    def workers(self):
+        """Processes (worker machines) taking part; 1 unless multi-worker."""
+        return 1
+
+    @property
+    def chief(self):
+        """Whether this process owns model_dir (the only one, or the first)."""
+        return True
+
+    def model_batch(self, batch):
+        """The batch one call of the model sees, where batch statistics are taken."""
+        raise NotImplementedError
+
+    def prepare_model(self, model):
+        """What `fit` needs beyond `compile` here."""
+
+    def feed_sharded_by_us(self):
+        """Called where our NumPy feed (`data.numpy_feed`) gives each process its own part of each batch."""
+
+    @staticmethod
+    def on_gpu():
+        """Whether the model runs on GPUs (memory and precision warnings)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def jit_compile(xla):
+        """`Model.compile(jit_compile=...)` for the --xla setting."""
+        return xla
+
+    @staticmethod
+    def sync_weights(model):
+        """Makes the model's variables hold the weights of the last step."""
 
 
 # --- JAX: keras.distribution -------------------------------------------------------
 
 
-class JaxDataParallel:
-    """keras.distribution.DataParallel over `devices` (no distribution for
-    one device), shaped like the part of tf.distribute.Strategy that
-    training uses; `processes` > 1: the devices of that many processes."""
+class Jax(Distribution):
+    """keras.distribution's `DataParallel` over `devices` (no distribution for
+    one device); `processes` > 1: the devices of that many processes. One
+    program runs on the global batch, split over the devices."""
+
+    name = "jax"
+    # Each initializer is an XLA program compiled per weight shape: seconds apiece (issue 89.5).
+    build_uninitialized = True
 
     def __init__(self, devices, processes=1):
         self.devices = list(devices)
         self.processes = processes
-        self.num_replicas_in_sync = len(self.devices)
         self.distribution = keras.distribution.DataParallel(devices=self.devices) if len(self.devices) > 1 else None
+
+    @classmethod
+    def make(cls, name):
+        """One process: all its devices. Several processes (every one started
+        with the KERAS_DISTRIBUTION_* variables that keras.distribution.initialize
+        reads): all devices of all processes, process 0 the chief."""
+        import jax
+
+        _hide_gpus_from_tensorflow()
+        processes = _jax_processes()
+        if name == "multi_worker" and processes < 2:
+            raise ValueError(
+                "strategy=multi_worker on JAX needs every process started with KERAS_DISTRIBUTION_NUM_PROCESSES "
+                "(> 1), KERAS_DISTRIBUTION_PROCESS_ID and KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's "
+                "host:port)"
+            )
+        if processes > 1:
+            if name == "one_device":
+                raise ValueError(f"strategy=one_device contradicts {PROCESS_ENV[0]}={processes}: unset it, or use auto")
+            _initialize_jax_processes(processes)
+            return cls(jax.devices(), processes)
+        return cls(jax.local_devices()[:1] if name == "one_device" else jax.local_devices())
 
     def scope(self):
         return self.distribution.scope() if self.distribution else contextlib.nullcontext()
 
+    @property
+    def replicas(self):
+        return len(self.devices)
 
-def feed_shards_itself(strategy):
-    """The NumPy feed (`data.numpy_feed`) gives each JAX process its part of
-    every global batch: Keras, which shards tf.data only (and refuses other
-    data over several processes), must not shard it again."""
-    if getattr(strategy, "distribution", None) is not None:
-        strategy.distribution.auto_shard_dataset = False
+    @property
+    def workers(self):
+        return self.processes
+
+    @property
+    def chief(self):
+        import jax
+
+        return self.processes == 1 or jax.process_index() == 0
+
+    @property
+    def pads_evaluation(self):
+        """Over several processes Keras splits each batch between them
+        (`DataParallel.distribute_dataset`), so a last, partial batch goes to
+        some processes only, and the others wait for it forever: training pads
+        it with examples of weight 0."""
+        return self.processes > 1
+
+    def model_batch(self, batch):
+        return batch  # the whole batch: one program over all devices (synchronized BatchNorm)
+
+    def feed_sharded_by_us(self):
+        """Keras shards tf.data only (and refuses other data over several
+        processes): it must not shard our NumPy feed again."""
+        if self.distribution is not None:
+            self.distribution.auto_shard_dataset = False
+
+    @staticmethod
+    def on_gpu():
+        import jax
+
+        return jax.default_backend() != "cpu"
+
+    @staticmethod
+    def jit_compile(xla):
+        """Every step compiled with XLA, whatever --xla says (False would
+        dispatch each op from Python, several times slower:
+        benchmarks/README.md, "JAX against TensorFlow")."""
+        return True
+
+    @staticmethod
+    def sync_weights(model):
+        """JAX keeps the weights in the trainer's state during `fit`."""
+        model.jax_state_sync()
 
 
 PROCESS_ENV = ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID", "KERAS_DISTRIBUTION_JOB_ADDRESSES")
-
-
-def _jax_strategy(name):
-    """One process: all its devices. Several processes (every one started
-    with the KERAS_DISTRIBUTION_* variables that keras.distribution.initialize
-    reads): all devices of all processes, process 0 the chief."""
-    import jax
-
-    _hide_gpus_from_tensorflow()
-    processes = _jax_processes()
-    if name == "multi_worker" and processes < 2:
-        raise ValueError(
-            "strategy=multi_worker on JAX needs every process started with KERAS_DISTRIBUTION_NUM_PROCESSES (> 1), "
-            "KERAS_DISTRIBUTION_PROCESS_ID and KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's host:port)"
-        )
-    if processes > 1:
-        if name == "one_device":
-            raise ValueError(f"strategy=one_device contradicts {PROCESS_ENV[0]}={processes}: unset it, or use auto")
-        _initialize_jax_processes(processes)
-        return JaxDataParallel(jax.devices(), processes)
-    if name == "one_device":
-        return JaxDataParallel(jax.local_devices()[:1])
-    return JaxDataParallel(jax.local_devices())
 
 
 def _jax_processes():
@@ -213,30 +304,106 @@ def _hide_gpus_from_tensorflow():
 # --- TensorFlow: tf.distribute ---------------------------------------------------------
 
 
-def _tf_strategy(name):
-    """auto: MultiWorkerMirroredStrategy if TF_CONFIG is set, MirroredStrategy
-    over more than one GPU, else the default (one device)."""
-    import tensorflow as tf
+class TensorFlow(Distribution):
+    """tf.distribute: each replica runs the model on its own part of the
+    batch; gradients are all-reduced."""
 
-    if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
-        if "TF_CONFIG" not in os.environ:
-            raise ValueError("strategy=multi_worker needs the cluster in the TF_CONFIG environment variable")
-        try:
-            cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-        except (ValueError, KeyError, TypeError):
-            raise ValueError("TF_CONFIG must be JSON with a 'cluster' and a 'task', see tf.distribute.cluster_resolver")
-        if not cluster:
-            raise ValueError("TF_CONFIG has an empty 'cluster'")
-        tf.get_logger().setLevel("WARNING")  # else an INFO line per collective op
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    gpus = tf.config.list_logical_devices("GPU")
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
-        return _mirrored(tuple(d.name for d in tf.config.list_logical_devices("CPU")))
-    if name == "mirrored" or len(gpus) > 1:
-        return _mirrored(tuple(d.name for d in gpus))
-    return tf.distribute.get_strategy()
+    name = "tensorflow"
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    @classmethod
+    def make(cls, name):
+        """auto: MultiWorkerMirroredStrategy if TF_CONFIG is set, MirroredStrategy
+        over more than one GPU, else the default (one device)."""
+        import tensorflow as tf
+
+        if name == "multi_worker" or (name == "auto" and "TF_CONFIG" in os.environ):
+            if "TF_CONFIG" not in os.environ:
+                raise ValueError("strategy=multi_worker needs the cluster in the TF_CONFIG environment variable")
+            try:
+                cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError("TF_CONFIG must be JSON with a 'cluster' and a 'task', see tf.distribute.cluster_resolver")
+            if not cluster:
+                raise ValueError("TF_CONFIG has an empty 'cluster'")
+            tf.get_logger().setLevel("WARNING")  # else an INFO line per collective op
+            return cls(tf.distribute.MultiWorkerMirroredStrategy())
+        gpus = tf.config.list_logical_devices("GPU")
+        if name == "one_device":
+            return cls(tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0"))
+        if name == "mirrored" and not gpus:  # e.g. logical CPU devices in tests
+            return cls(_mirrored(tuple(d.name for d in tf.config.list_logical_devices("CPU"))))
+        if name == "mirrored" or len(gpus) > 1:
+            return cls(_mirrored(tuple(d.name for d in gpus)))
+        return cls(tf.distribute.get_strategy())
+
+    def scope(self):
+        return self.strategy.scope()
+
+    @property
+    def replicas(self):
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def _multi_worker(self):
+        import tensorflow as tf
+
+        return (isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+                and self.strategy.extended._in_multi_worker_mode())
+
+    @property
+    def workers(self):
+        if not self._multi_worker:
+            return 1
+        spec = self.strategy.cluster_resolver.cluster_spec().as_dict()
+        return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
+
+    @property
+    def chief(self):
+        """Task 0 of 'worker' or the 'chief' task (one process: itself)."""
+        if not self._multi_worker:
+            return True
+        resolver = self.strategy.cluster_resolver
+        return resolver.task_type == "chief" or (
+            resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
+        )
+
+    def model_batch(self, batch):
+        return batch // self.replicas  # a replica's share
+
+    def prepare_model(self, model):
+        """Under MultiWorkerMirroredStrategy, Keras 3's fit/evaluate fail in two
+        places (https://github.com/keras-team/keras/issues/20585):
+
+        1. `_maybe_symbolic_build` eagerly all-reduces a distributed input batch
+           to build the model, which fails across workers. A model that pins no
+           strategy skips it and builds when the step is traced; fit must then
+           run inside `scope()`.
+        2. Step outputs are reduced with `strategy.reduce(MEAN, v, axis=0)`,
+           which fails for scalar metrics. Returning them as shape-[1] vectors
+           makes that reduction the mean over replicas, a scalar.
+        """
+        if not self._multi_worker:
+            return
+        import tensorflow as tf
+
+        def vectorize(step):
+            def wrapped(data):
+                return {k: tf.reshape(v, [1]) if len(v.shape) == 0 else v for k, v in step(data).items()}
+
+            return wrapped
+
+        model._distribute_strategy = None
+        model.train_step = vectorize(model.train_step)
+        model.test_step = vectorize(model.test_step)
+
+    @staticmethod
+    def on_gpu():
+        import tensorflow as tf
+
+        return bool(tf.config.list_logical_devices("GPU"))
 
 
 _MIRRORED = {}
@@ -254,85 +421,3 @@ def _mirrored(devices):
     if devices not in _MIRRORED:
         _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
     return _MIRRORED[devices]
-
-
-def is_multi_worker(strategy):
-    if isinstance(strategy, JaxDataParallel):
-        return strategy.processes > 1
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._in_multi_worker_mode()
-
-
-def is_chief(strategy):
-    """The worker that owns model_dir: task 0 of 'worker' or the 'chief'
-    task (one process: itself)."""
-    if not is_multi_worker(strategy):
-        return True
-    if isinstance(strategy, JaxDataParallel):
-        import jax
-
-        return jax.process_index() == 0
-    resolver = strategy.cluster_resolver
-    return resolver.task_type == "chief" or (
-        resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
-    )
-
-
-def num_workers(strategy):
-    if not is_multi_worker(strategy):
-        return 1
-    if isinstance(strategy, JaxDataParallel):
-        return strategy.processes
-    spec = strategy.cluster_resolver.cluster_spec().as_dict()
-    return sum(len(spec.get(job, [])) for job in ("chief", "worker"))
-
-
-def prepare_model(model, strategy):
-    """What `fit` needs beyond `compile`: under MultiWorkerMirroredStrategy,
-    Keras 3's fit/evaluate fail in two places (https://github.com/keras-team/keras/issues/20585):
-
-    1. `_maybe_symbolic_build` eagerly all-reduces a distributed input batch
-       to build the model, which fails across workers. A model that pins no
-       strategy skips it and builds when the step is traced; fit must then
-       run inside `strategy.scope()`.
-    2. Step outputs are reduced with `strategy.reduce(MEAN, v, axis=0)`,
-       which fails for scalar metrics. Returning them as shape-[1] vectors
-       makes that reduction the mean over replicas, a scalar.
-    """
-    if not is_multi_worker(strategy) or isinstance(strategy, JaxDataParallel):
-        return
-    import tensorflow as tf
-
-    def vectorize(step):
-        def wrapped(data):
-            return {k: tf.reshape(v, [1]) if len(v.shape) == 0 else v for k, v in step(data).items()}
-
-        return wrapped
-
-    model._distribute_strategy = None
-    model.train_step = vectorize(model.train_step)
-    model.test_step = vectorize(model.test_step)
-
-
-def pads_evaluation(strategy):
-    """Whether the evaluation set must come in whole global batches: over
-    several JAX processes Keras splits each batch between them
-    (`DataParallel.distribute_dataset`), so a last, partial batch goes to
-    some processes only, and the others wait for it forever. Training then
-    pads it with examples of weight 0 (`pipelines.eval_pipeline`)."""
-    return isinstance(strategy, JaxDataParallel) and strategy.processes > 1
-
-
-def model_batch(strategy, batch):
-    """The batch one call of the model sees, where batch statistics are
-    taken: a replica's share on TensorFlow, the whole batch on JAX (one
-    program over all devices)."""
-    return batch if isinstance(strategy, JaxDataParallel) else batch // strategy.num_replicas_in_sync
-
-
-def sync_weights(model):
-    """Makes the model's variables hold the weights of the last step (JAX
-    keeps them in the trainer's state during `fit`); a no-op on TensorFlow."""
-    if hasattr(model, "jax_state_sync"):
-        model.jax_state_sync()

@@ -29,7 +29,7 @@ def check_memory(model, per_replica_batch, ignore=False):
     """Refuses (ValueError) a CPU run whose step's activations alone exceed
     the memory available, unless `ignore` (--ignore_memory_check): then a
     warning. Returns the warning, or None."""
-    if distribute.on_gpu():
+    if distribute.current().on_gpu():
         return None
     why = machine.memory_shortfall(activation_bytes(model, per_replica_batch), per_replica_batch)
     if why is None:

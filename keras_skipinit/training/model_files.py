@@ -12,7 +12,7 @@ import keras
 
 from keras_skipinit import files
 from keras_skipinit.data import preprocessing as preprocessing_lib
-from keras_skipinit.training import run_dir
+from keras_skipinit.training import distribute, run_dir
 from keras_skipinit.training.checkpoint import Checkpoint
 
 KERAS_METADATA = "keras_skipinit.json"  # member of a .keras zip
@@ -131,11 +131,11 @@ def _restored(model_args, checkpoint):
 
     On JAX, building a model runs every initializer, each an XLA program compiled per weight shape
     (seconds apiece: 20-30 s of predict from a WRN-10-1 run folder on 2 cores), for values the checkpoint
-    replaces (issue 89.5). There the model is built in a Keras StatelessScope that initializes nothing,
-    the checkpoint assigns its variables, and only those it did not hold are initialized. TensorFlow's
-    initializers are cheap eager ops, and its variables cannot be assigned before they exist: there the
-    model is built as usual."""
-    if keras.backend.backend() != "jax":
+    replaces (issue 89.5). Where the backend's `Distribution.build_uninitialized` says so, the model is
+    built in a Keras StatelessScope that initializes nothing, the checkpoint assigns its variables, and
+    only those it did not hold are initialized. TensorFlow's initializers are cheap eager ops, and its
+    variables cannot be assigned before they exist: there the model is built as usual."""
+    if not distribute.of_backend().build_uninitialized:
         model = run_dir.recorded_model(model_args)
         return model, checkpoint.restore(model, with_optimizer=False)
     with keras.StatelessScope(initialize_variables=False):

@@ -84,7 +84,7 @@ def compiled_model(config, dataset, steps_per_epoch):
             keras.metrics.CategoricalAccuracy(name="top1"),
             keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
         ],
-        jit_compile=distribute.jit_compile(config.xla),
+        jit_compile=distribute.current().jit_compile(config.xla),
     )
     return model
 

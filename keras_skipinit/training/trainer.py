@@ -1,6 +1,6 @@
 """The papers' training protocol (SkipInit §2.3, §3, §5; Fixup §4).
 
-Reads top to bottom: config -> strategy -> data -> model (built and compiled
+Reads top to bottom: config -> distribution -> data -> model (built and compiled
 in `run_model`) -> epoch loop (checkpoint, divergence check, history) ->
 evaluation -> results.
 
@@ -76,15 +76,14 @@ def validate(config):
 
 def train(config):
     """Trains per `config`; returns the results dict (also in results.json)."""
-    distribute.check_backend()
     validate(config)
     start = time.time()
-    strategy = distribute.make_strategy(config.strategy)  # multi-worker: before any other TF op
-    if distribute.is_chief(strategy):
+    distribution = distribute.make(config.strategy)  # multi-worker: before any other TF op
+    if distribution.chief:
         run_dir.check_not_foreign(config.model_dir)
         with run_dir.lock(config.model_dir):  # one process per model_dir, for the run's life
             with Interrupt() as interrupt:
-                return _train_chief(config, strategy, start, interrupt)
+                return _train_chief(config, distribution, start, interrupt)
     stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()), chief=False)
     if stored is not None:
         return {**stored, "chief": False}
@@ -94,12 +93,12 @@ def train(config):
     out_dir = tempfile.mkdtemp(prefix="keras_skipinit_worker_")
     try:
         with Interrupt() as interrupt:
-            return _train(config, strategy, out_dir, start, interrupt)
+            return _train(config, distribution, out_dir, start, interrupt)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _train_chief(config, strategy, start, interrupt):
+def _train_chief(config, distribution, start, interrupt):
     stored = run_dir.check_model_dir(dataclasses.asdict(config), dataclasses.asdict(Config()))
     if stored is not None:
         print(
@@ -109,7 +108,7 @@ def _train_chief(config, strategy, start, interrupt):
         )
         return {**stored, "chief": True}
     _seed_and_precision(config)
-    return _train(config, strategy, config.model_dir, start, interrupt)
+    return _train(config, distribution, config.model_dir, start, interrupt)
 
 
 def _seed_and_precision(config):
@@ -123,7 +122,7 @@ class _Run:
     settings, then what each step sets up."""
 
     config: Config
-    strategy: object
+    distribution: distribute.Distribution
     out_dir: str  # where this process writes: model_dir, or a non-chief worker's scratch directory
     start: float
     interrupt: Interrupt
@@ -147,11 +146,11 @@ class _Run:
                              wall_time_s=self.earlier_s + time.time() - self.start, feed=self.feed)
 
 
-def _train(config, strategy, out_dir, start, interrupt):
+def _train(config, distribution, out_dir, start, interrupt):
     """The run itself: its data, its model (built, or restored from
     model_dir's checkpoint), its records carried on, the epoch loop, the
     results. Returns results.json's record, or `_interrupted`'s."""
-    run = _Run(config, strategy, out_dir, start, interrupt, chief=distribute.is_chief(strategy))
+    run = _Run(config, distribution, out_dir, start, interrupt, chief=distribution.chief)
     _set_up_data(run)
     _build(run)
     _start_or_restore(run)
@@ -163,7 +162,7 @@ def _train(config, strategy, out_dir, start, interrupt):
 
 
 def _set_up_data(run):
-    config, strategy = run.config, run.strategy
+    config, distribution = run.config, run.distribution
     run.dataset = dataset = data_lib.load_for(config)
     if run.chief:
         run_dir.check_same_data(config.model_dir, dataset)
@@ -171,9 +170,9 @@ def _set_up_data(run):
     if run.chief and data_lib.image_folder.looks_like_folder(config.dataset):
         print(data_lib.described(dataset), flush=True)
     if data_lib.numpy_feed(dataset):
-        distribute.feed_shards_itself(strategy)
+        distribution.feed_sharded_by_us()
     run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
-    replicas = strategy.num_replicas_in_sync
+    replicas = distribution.replicas
     run.micro_batch = config.batch_size // config.accumulation_steps
     if run.micro_batch % replicas:
         raise ValueError(
@@ -194,21 +193,21 @@ def _continued(run, dataset):
 
 
 def _build(run):
-    """The compiled model, in the strategy's scope, with the lines a run
+    """The compiled model, in the distribution's scope, with the lines a run
     should see before it: a slow build, ghost batches, memory, bfloat16."""
-    config, strategy, chief = run.config, run.strategy, run.chief
+    config, distribution, chief = run.config, run.distribution, run.chief
     note = build_note(config)
     if note and chief:
         print(note, flush=True)
-    with strategy.scope():
+    with distribution.scope():
         run.model = model = compiled_model(config, run.dataset, run.micro_steps // config.accumulation_steps)
-        _note_ghost_batches(model, distribute.model_batch(strategy, run.micro_batch), chief)
-        for warning in (memory.check_memory(model, run.micro_batch // strategy.num_replicas_in_sync,
+        _note_ghost_batches(model, distribution.model_batch(run.micro_batch), chief)
+        for warning in (memory.check_memory(model, run.micro_batch // distribution.replicas,
                                             config.ignore_memory_check),
-                        machine.bfloat16_warning(config.mixed_precision, distribute.on_gpu())):
+                        machine.bfloat16_warning(config.mixed_precision, distribution.on_gpu())):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
-        distribute.prepare_model(model, strategy)
+        distribution.prepare_model(model)
 
 
 def _start_or_restore(run):
@@ -216,7 +215,7 @@ def _start_or_restore(run):
     there is one (a resumed run continues, fine-tuning runs too), else
     --init_from's and LSUV's on the initializers'."""
     config, model = run.config, run.model
-    with run.strategy.scope():
+    with run.distribution.scope():
         run.checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
                                     os.path.join(run.out_dir, run_dir.CHECKPOINTS))
         first_start = not run.checkpoint.all()
@@ -242,11 +241,11 @@ def _carry_records(run):
     if run.skip and state.get("feed", run.feed) != run.feed:
         raise ValueError(
             f"{run.restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
-            f"{distribute.backend()} here feeds by {run.feed}, which orders the epoch's examples otherwise, so the "
+            f"{run.distribution.name} here feeds by {run.feed}, which orders the epoch's examples otherwise, so the "
             "epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
             "a checkpoint at an epoch's end resumes on either")
     run.backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, run.dataset),
-                                      run.dataset, distribute.backend())
+                                      run.dataset, run.distribution.name)
     run.rows = state.get("history")
     if run.rows is None:  # a checkpoint from before the rows travelled with it, or none
         run.rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= run.epoch]
@@ -269,7 +268,7 @@ def _carry_records(run):
 
 def _eval_data(run):
     eval_ds = pipelines.eval_pipeline(run.dataset, run.config.eval_batch_size or run.micro_batch,
-                                      whole_batches=distribute.pads_evaluation(run.strategy))
+                                      whole_batches=run.distribution.pads_evaluation)
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
     return eval_ds, pipelines.num_batches(eval_ds)
@@ -293,7 +292,7 @@ def _epoch_loop(run, eval_ds, eval_steps):
             train_ds = pipelines.train_pipeline(run.dataset, run.micro_batch, run.epoch, config.seed,
                                                 config.mixup_alpha, run.skip, num_batches=run.micro_steps)
             try:
-                with run.strategy.scope():  # multi-worker: the model pins no strategy
+                with run.distribution.scope():  # multi-worker: the model pins no strategy
                     history = model.fit(
                         train_ds, initial_epoch=run.epoch, epochs=run.epoch + 1,
                         steps_per_epoch=run.micro_steps - run.skip, validation_data=eval_ds,
@@ -310,7 +309,7 @@ def _epoch_loop(run, eval_ds, eval_steps):
                 break
             logs = {k: v[-1] for k, v in history.history.items()}
         else:  # a checkpoint at the epoch's last step (written by older versions): its updates are done
-            with run.strategy.scope():
+            with run.distribution.scope():
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
                 logs = {**(run.partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
         run.epoch, run.skip, run.partial_logs = run.epoch + 1, 0, None
@@ -336,17 +335,17 @@ def _finish(run, diverged, final_eval, eval_ds, eval_steps):
     elif final_eval:
         metrics = final_eval
     else:  # every epoch was trained before this process (e.g. killed before results.json)
-        with run.strategy.scope():
+        with run.distribution.scope():
             metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
     results = run_dir.results_record(
         dataclasses.asdict(run.config), run.dataset, metrics, diverged,
         train_cross_entropy=rows[-1].get("cross_entropy") if rows and not diverged else None,
         schedule_segments=schedule_segments(rows),
         final_lr=float(model.optimizer.learning_rate),  # evaluates the schedule at the current step
-        epochs_completed=run.epoch, replicas=run.strategy.num_replicas_in_sync,
-        workers=distribute.num_workers(run.strategy), chief=run.chief,
+        epochs_completed=run.epoch, replicas=run.distribution.replicas,
+        workers=run.distribution.workers, chief=run.chief,
         wall_time_s=run.earlier_s + time.time() - run.start,  # every process of the run, up to its checkpoint
-        backend=distribute.backend(),  # the one that finished the run
+        backend=run.distribution.name,  # the one that finished the run
         backends=run.backends)  # every one it used
     if not diverged:
         model_files.save_model(model, os.path.join(run.out_dir, run_dir.MODEL), run.dataset.preprocessing,
@@ -385,7 +384,7 @@ def _interrupted(interrupt, epoch, step, steps, chief, checkpointed=True):
 
 def _note_ghost_batches(model, batch, chief):
     """GhostBatchNormalization splits the batch one model call sees
-    (`distribute.model_batch`) into ghost batches and normalizes a remainder
+    (`Distribution.model_batch`) into ghost batches and normalizes a remainder
     as its own, smaller ghost batch; say so when that happens, since the
     statistics then depend on the batch split."""
     ghost = next((l.ghost_batch_size for l in model.layers if getattr(l, "ghost_batch_size", None)), None)
