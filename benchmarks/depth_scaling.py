@@ -20,8 +20,7 @@ import _common
 CHILD = r"""
 import json, resource, sys, time, statistics
 import numpy as np, keras
-from keras_skipinit import applications as apps
-from keras_skipinit import analysis
+from keras_skipinit import analysis, applications as apps
 depth, width, batch, normalization, steps, build_only, form, lr, fixed_batch = json.loads(sys.argv[1])
 start = time.perf_counter()
 model = apps.WideResNet(depth, width, input_shape=(28, 28, 1), normalization=normalization,

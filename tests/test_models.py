@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import BACKEND
-from keras_skipinit import applications as apps
+from keras_skipinit import applications as apps, normalization as norm_lib
 from keras_skipinit.layers import ScaledWSConv2D
-from keras_skipinit import normalization as norm_lib
 from keras_skipinit.normalization import NORMALIZATIONS
 
 # The smallest member of each family, at a toy input (ResNets: 32x32, stride 32 -> 1x1).

@@ -14,8 +14,7 @@ import pytest
 from conftest import BACKEND, require_module, run_cli_cases, tf_only, train_py_in_process
 from keras_skipinit import applications as apps, machine, schedules
 from keras_skipinit.data import pipelines, sources as data_lib
-from keras_skipinit.training import distribute, memory, run_dir
-from keras_skipinit.training import run_model, trainer
+from keras_skipinit.training import distribute, memory, run_dir, run_model, trainer
 from keras_skipinit.training.checkpoint import Checkpoint
 from keras_skipinit.optimizers import ScalarLRSGD
 

@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 
-from keras_skipinit import files
-from keras_skipinit import spec
+from keras_skipinit import files, spec
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
-from keras_skipinit.sweep.protocol import PAPER_LOG2_RANGE, lr_label
+from keras_skipinit.sweep.protocol import lr_label, PAPER_LOG2_RANGE
 
 
 def arch(args, depth="n"):

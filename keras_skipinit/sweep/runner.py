@@ -11,10 +11,8 @@ import time
 
 import numpy as np
 
-from keras_skipinit import normalization as norm_lib
-from keras_skipinit.sweep import executors
-from keras_skipinit import machine as machine_lib
-from keras_skipinit.sweep import log, protocol
+from keras_skipinit import machine as machine_lib, normalization as norm_lib
+from keras_skipinit.sweep import executors, log, protocol
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
 

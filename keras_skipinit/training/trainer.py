@@ -31,11 +31,9 @@ import time
 
 import keras
 
-from keras_skipinit import applications, files, lsuv, machine
+from keras_skipinit import applications, files, lsuv, machine, normalization as norm_lib, spec
 from keras_skipinit.data import pipelines, sources as data_lib
-from keras_skipinit.training import distribute, finetune, memory
-from keras_skipinit import normalization as norm_lib, spec
-from keras_skipinit.training import model_files, run_dir
+from keras_skipinit.training import distribute, finetune, memory, model_files, run_dir
 from keras_skipinit.training.run_model import build_model, build_note, compiled_model, method_options, model_args
 from keras_skipinit.training.callbacks import EpochProgress, EpochScalars, Interrupt, Stopped, TrainingMonitor
 from keras_skipinit.training.checkpoint import Checkpoint
