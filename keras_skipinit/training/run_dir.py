@@ -307,6 +307,24 @@ def results_record(config, dataset, metrics, diverged, **figures):
     })
 
 
+def schedule_segments(rows):
+    """The schedules a run's epochs were trained on, as segments
+    [{"first_epoch", "last_epoch", "schedule_epochs"}]: one for a run
+    trained straight; more for a run continued with a higher --epochs, whose
+    earlier epochs keep the shorter schedule. None where a row predates the
+    record (history from an earlier version)."""
+    segments = []
+    for row in rows:
+        if "schedule_epochs" not in row:
+            return None
+        if segments and segments[-1]["schedule_epochs"] == row["schedule_epochs"]:
+            segments[-1]["last_epoch"] = row["epoch"]
+        else:
+            segments.append({"first_epoch": row["epoch"], "last_epoch": row["epoch"],
+                             "schedule_epochs": row["schedule_epochs"]})
+    return segments
+
+
 def _run_file(path):
     """A run's JSON file; one that cannot be read (empty, cut by a full disk) is a one-line error saying
     what to do."""

@@ -114,215 +114,238 @@ def _seed_and_precision(config):
     keras.config.set_dtype_policy(PRECISIONS[config.mixed_precision])
 
 
-@dataclasses.dataclass
-class _Run:
-    """One process's run, handed from step to step of `_train`: the
-    settings, then what each step sets up."""
+@dataclasses.dataclass(frozen=True)
+class _Process:
+    """Where this process runs the run (its settings, `config`, travel beside it to every step)."""
 
-    config: Config
     distribution: distribute.Distribution
     out_dir: str  # where this process writes: model_dir, or a non-chief worker's scratch directory
     start: float
     interrupt: Interrupt
     chief: bool
-    dataset: object = None
-    micro_batch: int = 0  # examples per micro-step (gradient accumulation: SkipInit §3)
-    micro_steps: int = 0  # micro-steps per epoch
-    model: object = None
-    checkpoint: Checkpoint = None
-    epoch: int = 0  # epochs done
-    skip: int = 0  # micro-steps of the next epoch done
-    restored: str = None  # the checkpoint resumed from
-    rows: list = None  # history.csv's rows so far
-    partial_logs: dict = None  # the metrics of a resumed epoch's steps before the checkpoint
-    earlier_s: float = 0.0  # the time of the processes before this one
-    feed: str = "tf.data"
-    backends: list = None
 
-    def save(self, epoch, step, partial_logs=None):
-        self.checkpoint.save(self.model, epoch, step, history=self.rows, partial_logs=partial_logs,
-                             wall_time_s=self.earlier_s + time.time() - self.start, feed=self.feed)
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+    """The run's data and how an epoch takes it (`_set_up_data`)."""
+
+    dataset: object
+    micro_batch: int  # examples per micro-step (gradient accumulation: SkipInit §3)
+    micro_steps: int  # micro-steps per epoch
+    feed: str  # "tf.data" or "NumPy": each orders an epoch's examples its own way
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where training starts (`_start_or_restore`)."""
+
+    checkpoint: Checkpoint
+    epoch: int  # epochs done
+    skip: int  # micro-steps of the next epoch done
+    restored: str  # the checkpoint resumed from, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Records:
+    """What a run carries from process to process in its checkpoints (`_carry_records`)."""
+
+    rows: tuple  # history.csv's rows so far
+    partial_logs: dict  # the metrics of a resumed epoch's steps before the checkpoint
+    earlier_s: float  # the time of the processes before this one
+    backends: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _End:
+    """How the epoch loop ended (`_epoch_loop`)."""
+
+    stopped: dict  # `_interrupted`'s record, or None
+    diverged: dict  # where the loss went non-finite, or None
+    final_eval: dict  # the last epoch's evaluation, or None
+    epoch: int  # epochs done
+    rows: tuple  # history.csv's rows
 
 
 def _train(config, distribution, out_dir, start, interrupt):
-    """The run itself: its data, its model (built, or restored from
-    model_dir's checkpoint), its records carried on, the epoch loop, the
-    results. Returns results.json's record, or `_interrupted`'s."""
-    run = _Run(config, distribution, out_dir, start, interrupt, chief=distribution.chief)
-    _set_up_data(run)
-    _build(run)
-    _start_or_restore(run)
-    _carry_records(run)
-    eval_ds, eval_steps = _eval_data(run)
+    """The run itself, a line of steps that take and return values: its data, its model (built, or
+    restored from model_dir's checkpoint), its records carried on, the epoch loop, the results.
+    Returns results.json's record, or `_interrupted`'s."""
+    process = _Process(distribution, out_dir, start, interrupt, chief=distribution.chief)
+    data = _set_up_data(config, process)
+    model = _build(config, process, data)
+    begun = _start_or_restore(config, process, data, model)
+    records = _carry_records(config, process, data, begun)
+    eval_ds, eval_steps = _eval_data(config, process, data)
     with data_lib.feed_errors():  # a streamed file found corrupt: its one line, not TensorFlow's wrapping
-        stopped, diverged, final_eval = _epoch_loop(run, eval_ds, eval_steps)
-        return stopped or _finish(run, diverged, final_eval, eval_ds, eval_steps)
+        end = _epoch_loop(config, process, data, model, begun, records, eval_ds, eval_steps)
+        return end.stopped or _finish(config, process, data, model, records, end, eval_ds, eval_steps)
 
 
-def _set_up_data(run):
-    config, distribution = run.config, run.distribution
-    run.dataset = dataset = data_lib.load_for(config)
-    if run.chief:
+def _set_up_data(config, process):
+    distribution, chief = process.distribution, process.chief
+    dataset = data_lib.load_for(config)
+    if chief:
         run_dir.check_same_data(config.model_dir, dataset)
-    run.dataset = dataset = _continued(run, dataset)
-    if run.chief and data_lib.image_folder.looks_like_folder(config.dataset):
+    dataset, note = run_dir.continued_preprocessing(config.model_dir, dataset)  # a continued run's recorded one
+    if note and chief:
+        print(note, flush=True)
+    if chief and data_lib.image_folder.looks_like_folder(config.dataset):
         print(data_lib.described(dataset), flush=True)
     if data_lib.numpy_feed(dataset):
         distribution.feed_sharded_by_us()
-    run.feed = "NumPy" if data_lib.numpy_feed(dataset) else "tf.data"  # each orders an epoch's examples its own way
     replicas = distribution.replicas
-    run.micro_batch = config.batch_size // config.accumulation_steps
-    if run.micro_batch % replicas:
+    micro_batch = config.batch_size // config.accumulation_steps
+    if micro_batch % replicas:
         raise ValueError(
-            f"batch_size / accumulation_steps ({run.micro_batch}) must be divisible by the {replicas} replicas"
+            f"batch_size / accumulation_steps ({micro_batch}) must be divisible by the {replicas} replicas"
         )
     if config.batch_size > dataset.num_train:  # also with --steps_per_epoch (it repeats the data, not the batch)
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
-    run.micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
+    micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
+    return _Data(dataset, micro_batch, micro_steps, "NumPy" if data_lib.numpy_feed(dataset) else "tf.data")
 
 
-def _continued(run, dataset):
-    """The dataset with the preprocessing a continued run recorded (`run_dir.continued_preprocessing`)."""
-    dataset, note = run_dir.continued_preprocessing(run.config.model_dir, dataset)
-    if note and run.chief:
-        print(note, flush=True)
-    return dataset
-
-
-def _build(run):
+def _build(config, process, data):
     """The compiled model, in the distribution's scope, with the lines a run
     should see before it: a slow build, ghost batches, memory, bfloat16."""
-    config, distribution, chief = run.config, run.distribution, run.chief
+    distribution, chief = process.distribution, process.chief
     note = build_note(config)
     if note and chief:
         print(note, flush=True)
     with distribution.scope():
-        run.model = model = compiled_model(config, run.dataset, run.micro_steps // config.accumulation_steps)
-        _note_ghost_batches(model, distribution.model_batch(run.micro_batch), chief)
-        for warning in (memory.check_memory(model, run.micro_batch // distribution.replicas,
+        model = compiled_model(config, data.dataset, data.micro_steps // config.accumulation_steps)
+        _note_ghost_batches(model, distribution.model_batch(data.micro_batch), chief)
+        for warning in (memory.check_memory(model, data.micro_batch // distribution.replicas,
                                             config.ignore_memory_check),
                         machine.bfloat16_warning(config.mixed_precision, distribution.on_gpu())):
             if warning and chief:
                 print(warning, file=sys.stderr, flush=True)
         distribution.prepare_model(model)
+    return model
 
 
-def _start_or_restore(run):
+def _start_or_restore(config, process, data, model):
     """The model's starting weights: model_dir's newest checkpoint where
     there is one (a resumed run continues, fine-tuning runs too), else
     --init_from's and LSUV's on the initializers'."""
-    config, model = run.config, run.model
-    with run.distribution.scope():
-        run.checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
-                                    os.path.join(run.out_dir, run_dir.CHECKPOINTS))
-        first_start = not run.checkpoint.all()
+    with process.distribution.scope():
+        checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
+                                os.path.join(process.out_dir, run_dir.CHECKPOINTS))
+        first_start = not checkpoint.all()
         if config.init_from and first_start:
             started = finetune.load_into(model, config.init_from, lambda classes: build_model(
-                config, run.dataset, classes=classes), run.dataset.label_names,
+                config, data.dataset, classes=classes), data.dataset.label_names,
                 spec.keras_application(config.model, config.depth))
-            if run.chief:
-                note = finetune.preprocessing_note(config.init_from, run.dataset.preprocessing)
+            if process.chief:
+                note = finetune.preprocessing_note(config.init_from, data.dataset.preprocessing)
                 print(started + (f"\n{note}" if note else ""), flush=True)
         if config.lsuv and first_start:
-            images, _ = pipelines.first_batch(pipelines.train_pipeline(run.dataset, run.micro_batch, 0, config.seed))
+            images, _ = pipelines.first_batch(pipelines.train_pipeline(data.dataset, data.micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
-        (run.epoch, run.skip), run.restored = run.checkpoint.restore(model)  # builds the optimizer's variables
+        (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables
+    return _Start(checkpoint, epoch, skip, restored)
 
 
-def _carry_records(run):
+def _carry_records(config, process, data, begun):
     """The run's history rows, its partial epoch's metrics and its time so
     far travel in every checkpoint: history.csv is rebuilt from the one
     resumed from (a kill between a checkpoint and its row loses nothing)."""
-    config, out_dir = run.config, run.out_dir
-    state = Checkpoint.read_state(run.restored) if run.restored else {}
-    if run.skip and state.get("feed", run.feed) != run.feed:
+    out_dir, chief = process.out_dir, process.chief
+    state = Checkpoint.read_state(begun.restored) if begun.restored else {}
+    if begun.skip and state.get("feed", data.feed) != data.feed:
         raise ValueError(
-            f"{run.restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
-            f"{run.distribution.name} here feeds by {run.feed}, which orders the epoch's examples otherwise, so the "
-            "epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
+            f"{begun.restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
+            f"{process.distribution.name} here feeds by {data.feed}, which orders the epoch's examples otherwise, so "
+            "the epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
             "a checkpoint at an epoch's end resumes on either")
-    run.backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, run.dataset),
-                                      run.dataset, run.distribution.name)
-    run.rows = state.get("history")
-    if run.rows is None:  # a checkpoint from before the rows travelled with it, or none
-        run.rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= run.epoch]
-    if run.rows or os.path.exists(os.path.join(out_dir, run_dir.HISTORY)):
-        run_dir.write_history(out_dir, run.rows)
-    run.partial_logs = state.get("partial_logs") if run.skip else None
-    run.earlier_s = state.get("wall_time_s", 0.0)
-    if run.restored and run.chief and run.epoch >= config.epochs:  # killed after its last checkpoint
-        print(f"Every epoch was trained ({run.restored}); evaluating the final weights.", flush=True)
-    elif run.restored and run.chief:
-        print(f"Resuming from epoch {run.epoch + 1}, step {run.skip} of {run.micro_steps} ({run.restored}).",
+    backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, data.dataset),
+                                  data.dataset, process.distribution.name)
+    rows = state.get("history")
+    if rows is None:  # a checkpoint from before the rows travelled with it, or none
+        rows = [row for row in run_dir.read_history(out_dir) if row["epoch"] <= begun.epoch]
+    if rows or os.path.exists(os.path.join(out_dir, run_dir.HISTORY)):
+        run_dir.write_history(out_dir, rows)
+    if begun.restored and chief and begun.epoch >= config.epochs:  # killed after its last checkpoint
+        print(f"Every epoch was trained ({begun.restored}); evaluating the final weights.", flush=True)
+    elif begun.restored and chief:
+        print(f"Resuming from epoch {begun.epoch + 1}, step {begun.skip} of {data.micro_steps} ({begun.restored}).",
               flush=True)
-        earlier = sorted({row["schedule_epochs"] for row in run.rows if row.get("schedule_epochs", config.epochs)
+        earlier = sorted({row["schedule_epochs"] for row in rows if row.get("schedule_epochs", config.epochs)
                           != config.epochs})
         if earlier:
             print(f"Note: continuing a run trained on the {'/'.join(map(str, earlier))}-epoch schedule to "
                   f"--epochs={config.epochs}: its epochs so far keep that schedule, so this is a continuation, not "
                   f"a {config.epochs}-epoch run (results.json: schedule_segments).", flush=True)
+    return _Records(tuple(rows), state.get("partial_logs") if begun.skip else None, state.get("wall_time_s", 0.0),
+                    backends)
 
 
-def _eval_data(run):
-    eval_ds = pipelines.eval_pipeline(run.dataset, run.config.eval_batch_size or run.micro_batch,
-                                      whole_batches=run.distribution.pads_evaluation)
+def _eval_data(config, process, data):
+    eval_ds = pipelines.eval_pipeline(data.dataset, config.eval_batch_size or data.micro_batch,
+                                      whole_batches=process.distribution.pads_evaluation)
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
     return eval_ds, pipelines.num_batches(eval_ds)
 
 
-def _epoch_loop(run, eval_ds, eval_steps):
-    """Trains the epochs left; returns (`_interrupted`'s record or None,
-    where it diverged or None, the last epoch's evaluation or None)."""
-    config, model, interrupt, chief = run.config, run.model, run.interrupt, run.chief
+def _epoch_loop(config, process, data, model, begun, records, eval_ds, eval_steps):
+    """Trains the epochs left, checkpointing as it goes; returns how it ended (`_End`)."""
+    interrupt, chief = process.interrupt, process.chief
+    epoch, skip, partial_logs, rows = begun.epoch, begun.skip, records.partial_logs, list(records.rows)
+
+    def save(epoch, step, partial_logs=None):
+        begun.checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
+                              wall_time_s=records.earlier_s + time.time() - process.start, feed=data.feed)
+
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
-    tensorboard = EpochScalars(os.path.join(run.out_dir, "tensorboard"))
+    tensorboard = EpochScalars(os.path.join(process.out_dir, "tensorboard"))
     diverged, final_eval = None, None
-    while run.epoch < config.epochs and diverged is None:
+    while epoch < config.epochs and diverged is None:
         if interrupt.signal:  # arrived during an evaluation or before the first step: the epoch is saved
-            return _interrupted(interrupt, run.epoch, run.skip, run.micro_steps, chief,
-                                checkpointed=bool(run.restored or run.epoch)), None, None
-        if run.skip < run.micro_steps:
-            monitor = TrainingMonitor(run.save, run.epoch, run.skip, config.checkpoint_steps, run.micro_steps,
-                                      run.partial_logs, interrupt)
-            train_ds = pipelines.train_pipeline(run.dataset, run.micro_batch, run.epoch, config.seed,
-                                                config.mixup_alpha, run.skip, num_batches=run.micro_steps)
+            return _End(_interrupted(interrupt, epoch, skip, data.micro_steps, chief,
+                                     checkpointed=bool(begun.restored or epoch)), None, None, epoch, tuple(rows))
+        if skip < data.micro_steps:
+            monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, data.micro_steps, partial_logs,
+                                      interrupt)
+            train_ds = pipelines.train_pipeline(data.dataset, data.micro_batch, epoch, config.seed,
+                                                config.mixup_alpha, skip, num_batches=data.micro_steps)
             try:
-                with run.distribution.scope():  # multi-worker: the model pins no strategy
+                with process.distribution.scope():  # multi-worker: the model pins no strategy
                     history = model.fit(
-                        train_ds, initial_epoch=run.epoch, epochs=run.epoch + 1,
-                        steps_per_epoch=run.micro_steps - run.skip, validation_data=eval_ds,
+                        train_ds, initial_epoch=epoch, epochs=epoch + 1,
+                        steps_per_epoch=data.micro_steps - skip, validation_data=eval_ds,
                         validation_steps=eval_steps,
-                        callbacks=[monitor, tensorboard, EpochProgress(config.epochs, run.skip, run.micro_steps,
-                                                                       run.dataset.eval_split)],
+                        callbacks=[monitor, tensorboard, EpochProgress(config.epochs, skip, data.micro_steps,
+                                                                       data.dataset.eval_split)],
                         shuffle=False,  # the pipeline shuffles, seeded per epoch
                         verbose=verbose,
                     )
             except Stopped:  # a signal: TrainingMonitor checkpointed the step it reached
-                return _interrupted(interrupt, run.epoch, monitor.step, run.micro_steps, chief), None, None
+                return _End(_interrupted(interrupt, epoch, monitor.step, data.micro_steps, chief), None, None,
+                            epoch, tuple(rows))
             diverged = monitor.diverged
             if diverged:
                 break
             logs = {k: v[-1] for k, v in history.history.items()}
         else:  # a checkpoint at the epoch's last step (written by older versions): its updates are done
-            with run.distribution.scope():
+            with process.distribution.scope():
                 metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
-                logs = {**(run.partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
-        run.epoch, run.skip, run.partial_logs = run.epoch + 1, 0, None
-        run.rows.append({"epoch": run.epoch, "lr": float(model.optimizer.learning_rate),
-                         "schedule_epochs": config.epochs, **logs})
-        run.save(run.epoch, 0)
-        run_dir.write_history(run.out_dir, run.rows)
+                logs = {**(partial_logs or {}), **{f"val_{k}": v for k, v in metrics.items()}}
+        epoch, skip, partial_logs = epoch + 1, 0, None
+        rows.append({"epoch": epoch, "lr": float(model.optimizer.learning_rate), "schedule_epochs": config.epochs,
+                     **logs})
+        save(epoch, 0)
+        run_dir.write_history(process.out_dir, rows)
         # The validation at the end of the last epoch saw the final weights.
         final_eval = {k[len("val_"):]: v for k, v in logs.items() if k.startswith("val_")}
-    return None, diverged, final_eval
+    return _End(None, diverged, final_eval, epoch, tuple(rows))
 
 
-def _finish(run, diverged, final_eval, eval_ds, eval_steps):
+def _finish(config, process, data, model, records, end, eval_ds, eval_steps):
     """results.json (and model.keras unless it diverged); the record."""
-    model, rows = run.model, run.rows
+    rows, diverged, distribution = end.rows, end.diverged, process.distribution
     if diverged:
         print(
             f"Training diverged: non-finite loss ({diverged['loss']}) at epoch {diverged['epoch'] + 1}, "
@@ -330,46 +353,28 @@ def _finish(run, diverged, final_eval, eval_ds, eval_steps):
             flush=True,
         )
         metrics = {"top1": None, "top5": None, "cross_entropy": None}
-    elif final_eval:
-        metrics = final_eval
+    elif end.final_eval:
+        metrics = end.final_eval
     else:  # every epoch was trained before this process (e.g. killed before results.json)
-        with run.distribution.scope():
+        with distribution.scope():
             metrics = model.evaluate(eval_ds, steps=eval_steps, verbose=0, return_dict=True)
     results = run_dir.results_record(
-        dataclasses.asdict(run.config), run.dataset, metrics, diverged,
+        dataclasses.asdict(config), data.dataset, metrics, diverged,
         train_cross_entropy=rows[-1].get("cross_entropy") if rows and not diverged else None,
-        schedule_segments=schedule_segments(rows),
+        schedule_segments=run_dir.schedule_segments(rows),
         final_lr=float(model.optimizer.learning_rate),  # evaluates the schedule at the current step
-        epochs_completed=run.epoch, replicas=run.distribution.replicas,
-        workers=run.distribution.workers, chief=run.chief,
-        wall_time_s=run.earlier_s + time.time() - run.start,  # every process of the run, up to its checkpoint
-        backend=run.distribution.name,  # the one that finished the run
-        backends=run.backends)  # every one it used
+        epochs_completed=end.epoch, replicas=distribution.replicas,
+        workers=distribution.workers, chief=process.chief,
+        wall_time_s=records.earlier_s + time.time() - process.start,  # every process of the run, up to its checkpoint
+        backend=distribution.name,  # the one that finished the run
+        backends=records.backends)  # every one it used
     if not diverged:
-        model_files.save_model(model, os.path.join(run.out_dir, run_dir.MODEL), run.dataset.preprocessing,
-                           {k: getattr(run.config, k) for k in finetune.SAME}, run.dataset.label_names)
-    files.write_json(os.path.join(run.out_dir, run_dir.RESULTS), results)
-    if run.interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
-        return {**results, "signal": run.interrupt.signal}
+        model_files.save_model(model, os.path.join(process.out_dir, run_dir.MODEL), data.dataset.preprocessing,
+                               {k: getattr(config, k) for k in finetune.SAME}, data.dataset.label_names)
+    files.write_json(os.path.join(process.out_dir, run_dir.RESULTS), results)
+    if process.interrupt.signal:  # arrived in the last step or evaluation: the run is complete, its caller stops
+        return {**results, "signal": process.interrupt.signal}
     return results
-
-
-def schedule_segments(rows):
-    """The schedules a run's epochs were trained on, as segments
-    [{"first_epoch", "last_epoch", "schedule_epochs"}]: one for a run
-    trained straight; more for a run continued with a higher --epochs, whose
-    earlier epochs keep the shorter schedule. None where a row predates the
-    record (history from an earlier version)."""
-    segments = []
-    for row in rows:
-        if "schedule_epochs" not in row:
-            return None
-        if segments and segments[-1]["schedule_epochs"] == row["schedule_epochs"]:
-            segments[-1]["last_epoch"] = row["epoch"]
-        else:
-            segments.append({"first_epoch": row["epoch"], "last_epoch": row["epoch"],
-                             "schedule_epochs": row["schedule_epochs"]})
-    return segments
 
 
 def _interrupted(interrupt, epoch, step, steps, chief, checkpointed=True):
