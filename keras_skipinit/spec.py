@@ -129,15 +129,16 @@ MAX_EPOCHS, MAX_STEPS_PER_EPOCH, MAX_SEED = 10**6, 10**9, 2**32 - 1
 
 # --- the run settings -----------------------------------------------------------------------------------------
 
-def setting(default, help, *, choices=None, lower=None, upper=None, check=None, reusable=False, experiment=False):
-    """A `Config` field: its default and its facts for the flags and checks.
+def setting(default, help, *, section, choices=None, lower=None, upper=None, check=None, reusable=False,
+            experiment=False):
+    """A `Config` field: its default, its section (`SECTIONS`) and its facts for the flags and checks.
     choices: a tuple, or a live table whose keys are the choices (the
     methods: one added at run time is a choice too). check: "positive" (> 0), or "float_or" (a float or one of `choices`);
     every float is also refused when not finite. reusable: a finished or
     interrupted run may be continued with another value (the resume check);
     experiment: the sweep's runs of one folder share it."""
     return dataclasses.field(default=default, metadata=dict(
-        help=help, choices=choices, lower=lower, upper=upper, check=check,
+        section=section, help=help, choices=choices, lower=lower, upper=upper, check=check,
         reusable=reusable, experiment=experiment))
 
 
@@ -151,20 +152,24 @@ class Config:
     """A training run's settings (`training.train`); each is train.py's flag of the same name."""
 
     model: str = setting("wrn", "Architecture: " + "; ".join(f"{n}: {a.title}" for n, a in ARCHITECTURES.items()) + ".",
-                         choices=MODELS, experiment=True)
-    depth: int = setting(16, "Depth; " + "; ".join(f"{n}: {a.depths}" for n, a in ARCHITECTURES.items()) + ".")
-    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", lower=1, experiment=True)
-    normalization: str = setting("skipinit", "How residual blocks are normalized.", choices=norm_lib.METHODS)
+                         choices=MODELS, experiment=True, section="model")
+    depth: int = setting(16, "Depth; " + "; ".join(f"{n}: {a.depths}" for n, a in ARCHITECTURES.items()) + ".",
+                         section="model")
+    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", lower=1, experiment=True, section="model")
+    normalization: str = setting("skipinit", "How residual blocks are normalized.", choices=norm_lib.METHODS,
+                                 section="method")
     alpha_init: str | float | None = setting(None, _method_option("alpha_init"), choices=norm_lib.ALPHA_INIT_NAMES,
-                                             check="float_or")
-    ghost_batch_size: int | None = setting(None, _method_option("ghost_batch_size"), lower=1, experiment=True)
-    bn_momentum: float | None = setting(None, _method_option("bn_momentum"), experiment=True)
-    nf_beta: float | None = setting(None, _method_option("nf_beta"))
+                                             check="float_or", section="method")
+    ghost_batch_size: int | None = setting(None, _method_option("ghost_batch_size"), lower=1, experiment=True,
+                                           section="method")
+    bn_momentum: float | None = setting(None, _method_option("bn_momentum"), experiment=True, section="method")
+    nf_beta: float | None = setting(None, _method_option("nf_beta"), section="method")
     shortcut: str | None = setting(None, "--model=cifar_resnet: A, parameter-free zero-padding shortcuts (default, He "
-                                   "et al. 2016 §4.2), or B, 1x1 projections where the shape changes.", choices=SHORTCUTS)
+                                   "et al. 2016 §4.2), or B, 1x1 projections where the shape changes.", choices=SHORTCUTS,
+                                   section="model")
     stem_init: str | None = setting(None, "--model=cifar_resnet: initialization of the stem conv: he_normal (default) "
                                     "or pytorch_default (U(+-1/sqrt(fan_in)), as the Fixup authors' code leaves it).",
-                                    choices=STEM_INITS)
+                                    choices=STEM_INITS, section="model")
     init_from: str | None = setting(None, "Start from another run's weights: a train.py model_dir (its newest "
                                     "state), a .keras file or a .weights.h5 file of the same --model, --depth, "
                                     "--width and --normalization; its classifier too where its classes are this "
@@ -172,97 +177,118 @@ class Config:
                                     f"'{IMAGENET_WEIGHTS}': keras.applications' ImageNet weights (--model=resnet_v1|"
                                     "resnet_v2, --normalization=batchnorm|ghost_batchnorm; downloaded by Keras once), "
                                     "the run preprocessing as they expect. A resumed run continues from its own "
-                                    "checkpoint.", experiment=True)
+                                    "checkpoint.", experiment=True, section="model")
     freeze_backbone: bool = setting(False, "With --init_from: train the classifier only (a linear probe).",
-                                    experiment=True)
+                                    experiment=True, section="model")
     lsuv: bool = setting(False, "Layer-sequential unit-variance init (Mishkin & Matas 2016) on the first training "
                          "batch, for networks without normalization (Fixup §4.1 baseline; use with "
-                         "--normalization=none).")
+                         "--normalization=none).", section="model")
     loop_blocks: bool = setting(False, "Run each stage's identical residual blocks as one loop over stacked weights: "
-                                "graph size, build and trace time independent of depth (keras_skipinit.looped).")
-    remat: bool = setting(False, "With --loop_blocks: recompute each block in the backward pass (less memory).")
+                                "graph size, build and trace time independent of depth (keras_skipinit.looped).",
+                                section="model")
+    remat: bool = setting(False, "With --loop_blocks: recompute each block in the backward pass (less memory).",
+                          section="model")
     dropout: float | None = setting(None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for "
-                                    "regularized_skipinit, else 0).", lower=0.0, upper=0.99)
+                                    "regularized_skipinit, else 0).", lower=0.0, upper=0.99, section="model")
     dataset: str = setting(EMBEDDED, f"'{EMBEDDED}' (offline default), a TFDS image dataset: fashion_mnist, cifar10, "
                            "cifar100, svhn_cropped, imagenet2012, mnist, ...; '<28x28x1 dataset>"
                            f"{RGB32}' gives its images as 32x32x3 (zero-padded, gray repeated); or a folder of your "
                            "own images, PATH/train/<class>/<image> and PATH/test/<class>/<image> (or PATH/<class>/<image> "
-                           "with --validation_examples; keras_skipinit.data.image_folder).", experiment=True)
+                           "with --validation_examples; keras_skipinit.data.image_folder).", experiment=True,
+                           section="data")
     image_size: int | None = setting(None, "A folder --dataset: the square size images are resized and centre-cropped "
                                      "to (default: their own size when they all share one, else the model's: 32 for "
-                                     "wrn and cifar_resnet, 224 for the ResNets).", lower=1, experiment=True)
+                                     "wrn and cifar_resnet, 224 for the ResNets).", lower=1, experiment=True,
+                                     section="data")
     channels: int | None = setting(None, "A folder --dataset: 1 (grayscale) or 3 (RGB) channels (default: the "
-                                   "majority's).", lower=1, upper=3, experiment=True)
+                                   "majority's).", lower=1, upper=3, experiment=True, section="data")
     skip_bad_images: bool = setting(False, "A folder --dataset: skip files that are not readable images (counted) "
-                                    "instead of refusing the folder.")
+                                    "instead of refusing the folder.", section="data")
     stream_images: bool = setting(False, "A folder --dataset: read its images from their files per batch, whatever "
                                   "its size (default: only where decoded they would take more than half the memory "
                                   "available); the same examples in the same order, so a run may change it when "
-                                  "resumed.", reusable=True)
+                                  "resumed.", reusable=True, section="data")
     data_dir: str | None = setting(None, "TFDS data directory (default ~/tensorflow_datasets); datasets are prepared "
-                                   "there on first use.", reusable=True)
+                                   "there on first use.", reusable=True, section="data")
     manual_dir: str | None = setting(
         None, "Directory holding a TFDS dataset's original download files, to prepare it offline (default for "
         "fashion_mnist: /usr/share/datasets/fashion-mnist, from `apt-get install dataset-fashion-mnist`).",
-        reusable=True)
+        reusable=True, section="data")
     train_examples: int | None = setting(None, "Train on the first N examples of the training split (default: all).",
-                                         lower=1, experiment=True)
+                                         lower=1, experiment=True, section="data")
     validation_examples: int | None = setting(
         None, "Hold out the last N training examples and evaluate on them instead of the test split, to choose "
         "learning rates and epochs without the test set (results.json: eval_split 'validation').", lower=1,
-        experiment=True)
+        experiment=True, section="data")
     preprocessing: str | None = setting(
         None, "Images up to 64 px: standardize (per image, SkipInit §2.3) or mean_std (per channel by the dataset's "
         "training-split statistics, the papers' CIFAR normalization; known for "
         f"{', '.join(preprocessing_lib.CHANNEL_STATS)}; a folder's computed from its training images and recorded "
         "with the run). Default: the dataset's own (standardize up to 64 px, imagenet "
-        "above); exports carry the choice.", choices=preprocessing_lib.CHOICES, experiment=True)
-    batch_size: int = setting(32, "Global batch size per optimizer update.", lower=1)
+        "above); exports carry the choice.", choices=preprocessing_lib.CHOICES, experiment=True, section="data")
+    batch_size: int = setting(32, "Global batch size per optimizer update.", lower=1, section="optimization")
     eval_batch_size: int | None = setting(
         None, "Images per evaluation batch (default: the training micro-batch). Larger batches evaluate faster where "
         "each batch costs a fixed launch overhead (a deep, narrow net on a GPU); the accuracy is the same up to "
-        "float rounding.", lower=1, reusable=True)
+        "float rounding.", lower=1, reusable=True, section="optimization")
     accumulation_steps: int = setting(1, "Micro-batches accumulated per update (SkipInit §3).", lower=1,
-                                      experiment=True)
+                                      experiment=True, section="optimization")
     epochs: int = setting(12, "Training epochs (schedule phases scale with it).", lower=1, upper=MAX_EPOCHS,
-                          reusable=True, experiment=True)
+                          reusable=True, experiment=True, section="optimization")
     steps_per_epoch: int | None = setting(None, "Updates per epoch (default: a full pass over the training set).",
-                                          lower=1, upper=MAX_STEPS_PER_EPOCH, experiment=True)
+                                          lower=1, upper=MAX_STEPS_PER_EPOCH, experiment=True, section="optimization")
     learning_rate: float = setting(0.05, "Base learning rate (the papers tune it on a 2^-10..2^2 grid).",
-                                   check="positive")
+                                   check="positive", section="optimization")
     schedule: str = setting("cifar", "cifar: constant half, halve every 5%; imagenet: 5/90 warm-up, 40/90 constant, "
-                            "halve every 5/90.", choices=SCHEDULES, experiment=True)
-    momentum: float = setting(0.9, "Heavy-ball momentum.", lower=0.0, upper=0.999, experiment=True)
-    l2: float = setting(5e-4, "L2 coefficient on conv/dense kernels, added to the loss.", lower=0.0, experiment=True)
+                            "halve every 5/90.", choices=SCHEDULES, experiment=True, section="optimization")
+    momentum: float = setting(0.9, "Heavy-ball momentum.", lower=0.0, upper=0.999, experiment=True,
+                              section="optimization")
+    l2: float = setting(5e-4, "L2 coefficient on conv/dense kernels, added to the loss.", lower=0.0, experiment=True,
+                        section="optimization")
     mixup_alpha: float = setting(0.0, "Mixup Beta(alpha, alpha); 0 disables (Fixup uses 0.7 on ImageNet).", lower=0.0,
-                                 experiment=True)
+                                 experiment=True, section="optimization")
     scalar_lr_multiplier: float | None = setting(
         None, "Learning-rate multiplier for scalar parameters (default: 0.1 for fixup, as in Fixup's reference code; "
-        "else 1).", check="positive")
-    mixed_precision: str = setting("none", "Mixed precision policy.", choices=PRECISIONS)
-    xla: bool = setting(False, "Compile the train step with XLA.")
+        "else 1).", check="positive", section="optimization")
+    mixed_precision: str = setting("none", "Mixed precision policy.", choices=PRECISIONS, section="optimization")
+    xla: bool = setting(False, "Compile the train step with XLA.", section="optimization")
     strategy: str = setting(
         "auto", "TensorFlow: auto is MultiWorkerMirroredStrategy if TF_CONFIG is set (start train.py on every worker "
         "with the same flags; task 0 writes model_dir), MirroredStrategy over >1 GPU, else one device. JAX: auto and "
         "mirrored are keras.distribution.DataParallel over all local devices; with KERAS_DISTRIBUTION_NUM_PROCESSES > "
         "1 (and _PROCESS_ID, _JOB_ADDRESSES) over every device of that many processes, process 0 writing model_dir.",
-        choices=STRATEGIES)
-    seed: int = setting(0, "Random seed (initialization, data order, augmentation).", lower=0, upper=MAX_SEED)
+        choices=STRATEGIES, section="run")
+    seed: int = setting(0, "Random seed (initialization, data order, augmentation).", lower=0, upper=MAX_SEED,
+                        section="run")
     model_dir: str = setting("runs/default", "Checkpoints, TensorBoard logs, history.csv, results.json, model.keras.",
-                             reusable=True)
-    checkpoint_steps: int = setting(0, "Also checkpoint every N steps (0: epochs only).", lower=0, reusable=True)
+                             reusable=True, section="run")
+    checkpoint_steps: int = setting(0, "Also checkpoint every N steps (0: epochs only).", lower=0, reusable=True,
+                                    section="run")
     verbose: int | None = setting(None, "Keras verbosity: 0 silent, 1 progress bar, 2 one line per epoch.",
-                                  reusable=True)
+                                  reusable=True, section="run")
     restart: bool = setting(False, "Discard the run in --model_dir (checkpoints, results) and start it over.",
-                            reusable=True)
+                            reusable=True, section="run")
     ignore_memory_check: bool = setting(
         False, "Train even when one step's activations alone exceed the memory available (refused by default: the "
-        "kernel's OOM killer would end the run, maybe others too).", reusable=True)
+        "kernel's OOM killer would end the run, maybe others too).", reusable=True, section="run")
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 REUSABLE = tuple(n for n, f in FIELDS.items() if f.metadata["reusable"])  # may change when a run is continued
 EXPERIMENT = tuple(n for n, f in FIELDS.items() if f.metadata["experiment"])  # one sweep folder's runs share them
+# A run's settings by concern, each taken whole by the code it is for: the model (and its starting weights), the
+# normalization method and its options, the data, the optimization, the run's own (where, how, how verbose).
+SECTIONS = {name: tuple(n for n, f in FIELDS.items() if f.metadata["section"] == name)
+            for name in ("model", "method", "data", "optimization", "run")}
+
+
+def section(config, name):
+    """{setting: value} of section `name` of a run's settings: a `Config`, or
+    the dict a run recorded (a setting it lacks, from before it existed,
+    takes its default)."""
+    if isinstance(config, Config):
+        return {k: getattr(config, k) for k in SECTIONS[name]}
+    return {k: config.get(k, FIELDS[k].default) for k in SECTIONS[name]}
 
 
 def kind(name):

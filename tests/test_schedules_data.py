@@ -361,3 +361,18 @@ def test_a_data_source_is_one_entry_of_the_table(monkeypatch):
     assert sources.load("mnist_embedded").num_classes == 10  # the table's own entries still answer
     with pytest.raises(ValueError, match="train_examples must be a positive int"):
         sources.load("toy:x", train_examples=0)
+
+
+def test_a_runs_settings_come_in_sections_each_taken_whole():
+    """Issue 88.4: every setting is declared in one section (model, method, data, optimization, run); the
+    data loader takes the data section whole, from a Config or from a run's recorded dict (settings it lacks,
+    from before they existed, at their defaults), with no list of its own."""
+    from keras_skipinit import spec
+
+    named = [name for names in spec.SECTIONS.values() for name in names]
+    assert sorted(named) == sorted(spec.FIELDS) and len(named) == len(set(named))
+    config = spec.Config(train_examples=300, validation_examples=100)
+    recorded = {name: getattr(config, name) for name in spec.SECTIONS["data"]}  # a record without the model's
+    assert spec.section(recorded, "model") == spec.section(spec.Config(), "model")
+    a, b = sources.load_for(config), sources.load_for(recorded)
+    assert (a.num_train, a.num_test, a.eval_split) == (b.num_train, b.num_test, b.eval_split) == (300, 100, "validation")

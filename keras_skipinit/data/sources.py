@@ -153,28 +153,17 @@ def _from_files(name, manual_dir):
     return directory
 
 
-# The run settings `load_for` reads (the model: a folder's default image size).
-LOAD_SETTINGS = ("dataset", "data_dir", "manual_dir", "train_examples", "validation_examples", "preprocessing",
-                 "image_size", "channels", "skip_bad_images", "stream_images", "model", "init_from")
-
-
-def load_settings(config):
-    """{setting: value} of `LOAD_SETTINGS` in a run's settings (a `spec.Config`,
-    or the dict a run recorded: settings it lacks take their defaults)."""
-    if isinstance(config, spec.Config):
-        return {k: getattr(config, k) for k in LOAD_SETTINGS}
-    return {k: config.get(k, spec.FIELDS[k].default) for k in LOAD_SETTINGS}
-
-
 def load_for(config):
-    """`load` of the dataset a run's settings name (see `load_settings`)."""
-    get = load_settings(config).get
-    architecture = spec.architecture(get("model"))
-    choice = architecture.keras_preprocessing if get("init_from") == spec.IMAGENET_WEIGHTS else get("preprocessing")
-    return load(get("dataset"), get("data_dir"), get("manual_dir"), get("train_examples"), get("validation_examples"),
-                choice, folder=dict(image_size=get("image_size"), channels=get("channels"),
-                                    skip_bad=get("skip_bad_images"), stream=get("stream_images"),
-                                    default_size=architecture.default_input_shape[0]))
+    """`load` of the dataset a run's settings name (a `spec.Config` or a run's recorded dict): its data
+    section whole, and from its model section the architecture (a folder's default image size) and
+    --init_from (ImageNet weights take the architecture's own input scaling)."""
+    data, model = spec.section(config, "data"), spec.section(config, "model")
+    architecture = spec.architecture(model["model"])
+    choice = architecture.keras_preprocessing if model["init_from"] == spec.IMAGENET_WEIGHTS else data["preprocessing"]
+    return load(data["dataset"], data["data_dir"], data["manual_dir"], data["train_examples"],
+                data["validation_examples"], choice,
+                folder=dict(image_size=data["image_size"], channels=data["channels"], skip_bad=data["skip_bad_images"],
+                            stream=data["stream_images"], default_size=architecture.default_input_shape[0]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ the table (mean and std over seeds). The files go to each run's
 ``<model_dir>/exports/``.
 """
 
+import json
 import os
 import statistics
 import sys
@@ -51,7 +52,7 @@ def _run_key(run):
 
 def quantize_runs(out, check_images=10000, calibration_images=200):
     """Exports and checks every file not yet in `out`/quantization.jsonl."""
-    from keras_skipinit import machine
+    from keras_skipinit import machine, spec
     from keras_skipinit.data import pipelines, sources as data_lib
     from keras_skipinit.serving import deploy, savedmodel
     from keras_skipinit.training import run_dir
@@ -70,9 +71,9 @@ def quantize_runs(out, check_images=10000, calibration_images=200):
         model_dir = os.path.join(out, run["results"]["config"]["model_dir"])  # relative to --out (runner.record)
         model, preprocessing, _ = savedmodel.load_source(model_dir)
         config = run_dir.read_spec(model_dir)["config"]
-        wanted = {**data_lib.load_settings(config), "train_examples": None, "validation_examples": None,
-                  "preprocessing": None}
-        name = tuple(wanted.values())  # runs of one dataset (and image size) share their images
+        wanted = {**config, "train_examples": None, "validation_examples": None, "preprocessing": None}
+        # Runs of one dataset (and image size, and model: its default size) share their images.
+        name = json.dumps([spec.section(wanted, "data"), spec.section(wanted, "model")], sort_keys=True)
         if name not in datasets:
             dataset = data_lib.load_for(wanted)
             images, labels = pipelines.sample_images(dataset, "eval", check_images, dataset.preprocessing)

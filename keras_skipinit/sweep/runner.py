@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from keras_skipinit import machine as machine_lib, normalization as norm_lib
+from keras_skipinit import machine as machine_lib, normalization as norm_lib, spec
 from keras_skipinit.sweep import executors, log, protocol
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 
@@ -27,18 +27,19 @@ def config(settings, run):
     for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
         if getattr(settings, option, None) is not None:
             overrides[option] = getattr(settings, option)
-    for name in ("l2", "mixup_alpha", "preprocessing", "init_from", "freeze_backbone"):  # train.py's unless set here
+    for name in ("l2", "mixup_alpha", "init_from", "freeze_backbone"):  # train.py's unless set here
         if getattr(settings, name, None) is not None:
             overrides[name] = getattr(settings, name)
+    # The data section whole, as far as the sweep has its flags (the others: train.py's defaults); the held-out
+    # images only where a run chooses the learning rate.
+    data = {k: getattr(settings, k) for k in spec.SECTIONS["data"] if getattr(settings, k, None) is not None}
+    data["validation_examples"] = settings.validation_examples if phase == protocol.SELECT else None
     micro = min(batch, settings.micro_batch_size or batch)
     name = f"{key}_d{depth}" + (f"_b{batch}" if settings.protocol == "batch_scaling" else "")
     return trainer.Config(
         model=settings.model, depth=depth, width=settings.width, learning_rate=lr, epochs=settings.epochs,
         schedule=settings.schedule, batch_size=batch, accumulation_steps=batch // micro,
-        steps_per_epoch=settings.steps_per_epoch, dataset=settings.dataset, data_dir=settings.data_dir,
-        manual_dir=settings.manual_dir,
-        train_examples=settings.train_examples, seed=seed, verbose=0,
-        validation_examples=settings.validation_examples if phase == protocol.SELECT else None,
+        steps_per_epoch=settings.steps_per_epoch, seed=seed, verbose=0, **data,
         mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
         loop_blocks=settings.loop_blocks, checkpoint_steps=settings.checkpoint_steps,
         eval_batch_size=settings.eval_batch_size,
