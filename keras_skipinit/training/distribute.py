@@ -3,15 +3,10 @@ Keras backend. One interface, `Distribution`, with an implementation per
 backend (`TensorFlow`, `Jax`; `current()` picks it by Keras' backend, the one
 lookup); the trainer asks `make(name)` for one and uses its members only.
 
-- TensorFlow: tf.distribute. MirroredStrategy over the local GPUs,
-  MultiWorkerMirroredStrategy from TF_CONFIG (with the workarounds of
-  `prepare_model`). Each replica runs the model on its own part of
-  the batch; gradients are all-reduced.
-- JAX: keras.distribution. `DataParallel` over the local devices of one
-  process, or over every device of several processes started with
-  KERAS_DISTRIBUTION_* (keras.distribution.initialize). One program runs on
-  the global batch, split over the devices: gradients equal one device's on
-  that batch.
+- TensorFlow: tf.distribute's Mirrored (local GPUs) and MultiWorkerMirrored
+  (TF_CONFIG) strategies; each replica runs the model on its part of the batch.
+- JAX: keras.distribution's `DataParallel` over the devices of one process or
+  of several (KERAS_DISTRIBUTION_*); one program runs on the global batch.
 
 Batch statistics differ in one respect. TensorFlow's replicas each normalize
 their own part of the batch. Under JAX, `BatchNormalization` sees the global
