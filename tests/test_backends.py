@@ -175,6 +175,7 @@ def test_sgd_steps_on_jax_equal_tensorflow_weight_by_weight(tmp_path):
 TORCH = r"""
 import numpy as np, keras
 import keras_skipinit as ks
+from keras_skipinit import applications as apps
 
 assert keras.backend.backend() == "torch"
 to_np = keras.ops.convert_to_numpy
@@ -281,6 +282,7 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
 SAME_STEPS = r"""
 import json, sys, numpy as np, keras
 from keras_skipinit.data import sources
+from keras_skipinit.training import run_model, trainer
 
 folder = sys.argv[1]
 config = trainer.Config(depth=10, width=1, epochs=2, normalization="regularized_skipinit", dropout=0.0,
