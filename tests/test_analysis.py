@@ -72,7 +72,7 @@ def test_sqrt2_relu_net_keeps_variance_at_width_1000_not_at_width_16():
 
 def test_conv_relu_bn_net_runs_on_images():
     model = analysis.toy_resnet("conv_relu_bn", 6, 16, (28, 28, 1))
-    rows = analysis.block_statistics(model, analysis._inputs("mnist_embedded", (28, 28, 1), 32, 0))
+    rows = analysis.block_statistics(model, analysis.sample_inputs("mnist_embedded", (28, 28, 1), 32, 0))
     assert len(rows) == 6
     assert column(rows, "skip_var")[-1] > column(rows, "skip_var")[0]
 

@@ -40,6 +40,7 @@ def _weights_path(out, method, seed):
 
 def write_weights(out, seeds):
     """Each (method, seed)'s initial weights as the run builds them here, by variable path."""
+    import keras
     import numpy as np
 
     from keras_skipinit.data import sources
@@ -49,8 +50,6 @@ def write_weights(out, seeds):
     os.makedirs(os.path.join(out, "initial_weights"), exist_ok=True)
     for method in METHODS:
         for seed in seeds:
-            import keras
-
             keras.backend.clear_session()
             keras.utils.set_random_seed(seed)  # as trainer.train seeds before building
             model = run_model.build_model(_config(method, seed, None), dataset)

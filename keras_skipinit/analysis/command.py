@@ -10,7 +10,7 @@ import sys
 import keras
 
 from keras_skipinit.analysis import flags
-from keras_skipinit.analysis.propagation import _inputs, block_statistics, real_digits, toy_resnet, write
+from keras_skipinit.analysis.propagation import sample_inputs, block_statistics, real_digits, toy_resnet, write
 from keras_skipinit.analysis.step import function_change, write_function_change
 
 
@@ -30,12 +30,12 @@ def main(argv=None):
         shape = (28, 28, 1) if args.toy == "conv_relu_bn" else (100,)
         inputs_kind = args.inputs if args.toy == "conv_relu_bn" else "gaussian"
         model = toy_resnet(args.toy, args.depth, width, shape, args.seed)
-        results[args.toy] = block_statistics(model, _inputs(inputs_kind, shape, args.batch_size, args.seed))
+        results[args.toy] = block_statistics(model, sample_inputs(inputs_kind, shape, args.batch_size, args.seed))
         title = f"toy {args.toy}, {args.depth} blocks, width {width}"
         theory_kind = args.toy if args.toy != "conv_relu_bn" else None
     else:
         shape = (28, 28, 1) if args.inputs == "mnist_embedded" else (32, 32, 3)
-        x = _inputs(args.inputs, shape, args.batch_size, args.seed)
+        x = sample_inputs(args.inputs, shape, args.batch_size, args.seed)
         title = f"{args.model} depth {args.depth}, at initialization ({args.inputs})"
         with _kept_on_interrupt(args.out, "spp.*", results):
             for name in args.normalizations:

@@ -196,7 +196,7 @@ def write(results, out_dir, title="", theory_kind=None):
     files.write_atomic(os.path.join(out_dir, "spp.csv"), text.getvalue())
     import matplotlib
 
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(3, len(results))
     nrows = math.ceil(len(results) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.4 * nrows + 0.8), sharey=True, squeeze=False)
@@ -235,19 +235,19 @@ def write(results, out_dir, title="", theory_kind=None):
     legend_rows = math.ceil(len(handles) / ncol)
     fig.tight_layout(rect=(0, 0.05 * legend_rows / nrows + 0.02, 1, 1))
     path = os.path.join(out_dir, "spp.png")
-    _save(fig, path)
+    save_png(fig, path)
     return path
 
 
-def _save(fig, path):
+def save_png(fig, path):
     """The figure as a PNG, complete or as it was (rewritten as results come)."""
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     files.write_atomic(path, image.getvalue())
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,7 +268,7 @@ def real_digits(batch, seed=0, with_labels=False):
     return (standardized, labels[index].astype("int64")) if with_labels else standardized
 
 
-def _inputs(kind, shape, batch, seed):
+def sample_inputs(kind, shape, batch, seed):
     if kind == "gaussian":
         return np.random.default_rng(seed).standard_normal((batch,) + tuple(shape)).astype("float32")
     return real_digits(batch, seed)

@@ -44,7 +44,7 @@ def write_function_change(results, out_dir, title):
     os.makedirs(out_dir, exist_ok=True)
     files.write_atomic(os.path.join(out_dir, "function_change.json"), json.dumps(
         {k: {str(d): v if math.isfinite(v) else None for d, v in rows.items()} for k, rows in results.items()}, indent=1))
-    plt = propagation._pyplot()
+    plt = propagation.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (method, rows) in enumerate(results.items()):
         depths = sorted(rows)
@@ -64,5 +64,5 @@ def write_function_change(results, out_dir, title):
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(out_dir, "function_change.png")
-    propagation._save(fig, path)
+    propagation.save_png(fig, path)
     return path

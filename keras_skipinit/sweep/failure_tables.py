@@ -11,7 +11,7 @@ from keras_skipinit.sweep.plots import arch
 from keras_skipinit.sweep.presets import METHOD_SETTINGS
 from keras_skipinit.sweep.protocol import (LOSS_MARGIN, SELECT, fisher_less, half_rates, in_cell, log2_label, lr_label,
                                            stability_edge, summarize, survival, trained, wilson)
-from keras_skipinit.sweep.tables import NOT_RUN, _accuracies, _borrow
+from keras_skipinit.sweep.tables import NOT_RUN, accuracies, borrow
 
 
 def depth_table(runs, args):
@@ -26,7 +26,7 @@ def depth_table(runs, args):
             if not subset:
                 cells.append(NOT_RUN)
                 continue
-            accs = _accuracies(subset, args)
+            accs = accuracies(subset, args)
             n_trained = sum(trained(r, args.chance) for r in subset)
             diverged = sum(r["status"] == "diverged" for r in subset)
             cells.append(f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({n_trained}/{len(subset)} trained"
@@ -78,7 +78,7 @@ def edge_table(runs, args, beside=()):
             subset = in_cell(runs, (key, depth, args.batch_sizes[0]), SELECT)
             if subset:
                 details[f"{key}/depth{depth}"] = _edge_cell(summarize(subset, args.best_k, args.chance)[1])
-    borrowed = _borrow(details, beside)
+    borrowed = borrow(details, beside)
     columns = {**{d: f"depth {d}" for d in args.depths},
                **{d: f"depth {d} ({s['best_k']} of {s['seeds']}: {s['out']}/)" for d, s in borrowed.items()}}
     depths = sorted(columns)

@@ -34,7 +34,7 @@ def table1_tables(runs, args, beside=(), split="test"):
                 ce_rows = summarize(subset, args.best_k, args.chance, "train_cross_entropy", lower_is_better=True)[1]
                 details[f"{key}/depth{depth}"] = {"test_top1": rows, "train_cross_entropy": ce_rows,
                                                   "optimum": grid_edge(best, rows) if best else "all failed"}
-    borrowed = _borrow(details, beside)
+    borrowed = borrow(details, beside)
     depths = sorted(set(args.depths) | set(borrowed))
     heads = {d: f"depth {d}" + (f" (best {borrowed[d]['best_k']} of {borrowed[d]['seeds']}: {borrowed[d]['out']}/)"
                                  if d in borrowed else "") for d in depths}
@@ -142,7 +142,7 @@ def batch_comparisons(runs, args):
             "| trained |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def _borrow(details, beside):
+def borrow(details, beside):
     """Adds to `details` the cells of the `beside` sweeps at the depths this
     sweep has no cell at (the first sweep listed wins); returns {depth: sweep}."""
     own = {int(name.split("/depth")[1]) for name in details}
@@ -168,7 +168,7 @@ def converged_table(runs, args):
             if not selection and not final:
                 continue
             best, rows = summarize(selection, args.best_k, args.chance) if selection else (None, [])
-            accs = _accuracies(final, args)
+            accs = accuracies(final, args)
             trained = sum(r["status"] == "completed" and r["test_top1"] > args.chance for r in final)
             test = (f"{100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f} ({trained}/{len(final)} trained)"
                     if final else NOT_RUN)
@@ -208,7 +208,7 @@ def batch_scaling_table(runs, args):
                                 if selection else (None, []))
             failed = [r["lr"] for r in rows if r["mean"] is None]
             trained = [r["lr"] for r in rows if r["mean"] is not None]
-            accs = _accuracies(final, args)
+            accs = accuracies(final, args)
             ces = [r["train_cross_entropy"] for r in final if r["status"] == "completed"]
             micro = (selection or final)[0].get("accumulation_steps", 1)
             lines.append(
@@ -227,7 +227,7 @@ def batch_scaling_table(runs, args):
     return "\n".join(lines), details
 
 
-def _accuracies(runs, args):
+def accuracies(runs, args):
     """Each run's evaluation accuracy, a failed (diverged) run counted at chance."""
     return [r["test_top1"] if r["status"] == "completed" else args.chance_level for r in runs]
 

@@ -2,6 +2,7 @@
 settings inside (`keras_skipinit.json`), and a run's newest state (newest
 readable checkpoint or model.keras), read by predict, export and --init_from."""
 
+import contextlib
 import json
 import os
 import re
@@ -135,15 +136,14 @@ def _restored(model_args, checkpoint):
     built in a Keras StatelessScope that initializes nothing, the checkpoint assigns its variables, and
     only those it did not hold are initialized. TensorFlow's initializers are cheap eager ops, and its
     variables cannot be assigned before they exist: there the model is built as usual."""
-    if not distribute.of_backend().build_uninitialized:
-        model = run_dir.recorded_model(model_args)
-        return model, checkpoint.restore(model, with_optimizer=False)
-    with keras.StatelessScope(initialize_variables=False):
+    deferred = distribute.of_backend().build_uninitialized
+    with keras.StatelessScope(initialize_variables=False) if deferred else contextlib.nullcontext():
         model = run_dir.recorded_model(model_args)
     try:
         return model, checkpoint.restore(model, with_optimizer=False)
     finally:
-        _initialize_unassigned()
+        if deferred:
+            _initialize_unassigned()
 
 
 def _initialize_unassigned():

@@ -191,7 +191,8 @@ def _set_up_data(config, process):
         print(note, flush=True)
     if chief and data_lib.image_folder.looks_like_folder(config.dataset):
         print(data_lib.described(dataset), flush=True)
-    if data_lib.numpy_feed(dataset):
+    numpy_feed = data_lib.numpy_feed(dataset)
+    if numpy_feed:
         distribution.feed_sharded_by_us()
     replicas = distribution.replicas
     micro_batch = config.batch_size // config.accumulation_steps
@@ -203,7 +204,7 @@ def _set_up_data(config, process):
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
     micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
-    return _Data(dataset, micro_batch, micro_steps, "NumPy" if data_lib.numpy_feed(dataset) else "tf.data")
+    return _Data(dataset, micro_batch, micro_steps, "NumPy" if numpy_feed else "tf.data")
 
 
 def _build(config, process, data):
