@@ -7,9 +7,8 @@
   embedded dataset, the export formats' quantizations).
 - `Config`: a run's settings (train.py's flags, `training.train`'s argument,
   results.json's "config"), each field declared once with its default, help,
-  choices, bounds and checks (`setting`). train.py's absl flags, the sweep's
-  argparse flags (`add_arguments`), the resume check's reusable settings
-  (`REUSABLE`), the sweep's experiment settings (`EXPERIMENT`) and the
+  choices, bounds and checks (`setting`). Every command's flags
+  (`add_arguments`), the resume check's reusable settings (`REUSABLE`), the sweep's experiment settings (`EXPERIMENT`) and the
   generic checks of a Config (`check`) all derive from these fields.
 
 The methods are `normalization.METHODS` (Keras-free too: a method's layers
@@ -377,38 +376,37 @@ def across_error(values):
     return None
 
 
-def add_arguments(parser, defaults, notes=None):
-    """Adds to an argparse `parser` the `Config` settings named in `defaults`
-    ({name: default}), with their help (and `notes`' line for it), choices
-    and kinds from `Config`; values are checked as train.py checks them."""
-    import argparse
-
+def add_arguments(command, defaults, notes=None):
+    """Adds to a command (`cli.parsing.Command`) the `Config` settings named
+    in `defaults` ({name: default}), with their help (and `notes`' line for
+    it), choices and kinds from `Config`; each value is checked as a Config
+    checks it (`value_error`: bounds, NaN, infinity, --alpha_init's names)."""
     notes = notes or {}
     for name, default in defaults.items():
         meta, k = FIELDS[name].metadata, kind(name)
-        extra = {}
-        if k == "bool":
-            extra["action"] = argparse.BooleanOptionalAction
-        elif k == "enum":
-            extra["choices"] = meta["choices"]
-        elif k in ("int", "float", "string"):
-            extra["type"] = _parse(name, {"int": int, "float": float, "string": str}[k])
+        extra = {"action": "boolean"} if k == "bool" else {"choices": meta["choices"]} if k == "enum" else {
+            "type": _parse(name, {"int": int, "float": float}.get(k, _float_or if meta["check"] == "float_or" else str))}
         help = f"{meta['help']} {notes[name]}" if name in notes else meta["help"]
-        parser.add_argument(f"--{name}", default=default, help=help.replace("%", "%%"), **extra)
+        command.add_argument(f"--{name}", default=default, help=help, **extra)
+
+
+def _float_or(text):
+    """A name-or-number setting's text (--alpha_init): a float where it reads as one, else the name."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _parse(name, convert):
     def parse(text):
-        import argparse
-
         try:
             value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if convert is int else 'a number'}, "
-                                             f"got {text!r}") from None  # (str: never)
+            raise ValueError(f"expected {'an integer' if convert is int else 'a number'}, got {text!r}") from None
         error = value_error(name, value)
         if error:
-            raise argparse.ArgumentTypeError(error)
+            raise ValueError(error)
         return value
 
     parse.__name__ = convert.__name__

@@ -158,20 +158,17 @@ def mock_tfds(monkeypatch):
 
 _CLI_CASES = r"""
 import contextlib, io, json, sys, traceback
-from absl import flags
-from keras_skipinit.cli import parsing
 
 name, cases = sys.argv[1], json.loads(sys.argv[2])
 module = __import__(f"keras_skipinit.cli.{name}_cli", fromlist=["main"])
 program = {"train": "train.py", "export": "export"}[name]
 results = []
 for argv in cases:
-    flags.FLAGS.unparse_flags()  # every case starts from the defaults, as a new process would
     sys.argv = [program, *argv]
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            parsing.run(module.main, module.USAGE, program)
+            module.COMMAND.run(module.main)  # each parse starts from the defaults, as a new process does
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:
@@ -186,21 +183,14 @@ def train_py_in_process(*argv):
     """train.py's main on these flags in this process (no new process and
     TensorFlow start); returns its exit status. run_cli_cases runs the whole
     command, flag errors included."""
-    from absl import flags
-
     from keras_skipinit.cli import train_cli
-    flags.FLAGS(["train.py", *argv])
-    try:
-        return train_cli.main(["train.py"])
-    finally:
-        flags.FLAGS.unparse_flags()
+    return train_cli.main(train_cli.parse(list(argv)))
 
 
 def run_cli_cases(name, cases, root, timeout=600):
     """The command `name` ("train" or "export") run once per argv in `cases`,
-    all in one process (one TensorFlow start instead of one per case): absl's
-    flags reset, the command's own entry (`parsing.run`: flag parsing, main, exit
-    status) as a new process runs it. Returns (status, stdout, stderr) per case."""
+    all in one process (one TensorFlow start instead of one per case): the
+    command's own entry (`COMMAND.run`: flag parsing, main, exit status) as a new process runs it. Returns (status, stdout, stderr) per case."""
     import json
     import subprocess
     import sys

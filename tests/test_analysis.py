@@ -171,7 +171,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_by_the_flags_alone(tmp_
     with pytest.raises(SystemExit) as exit_info:
         flags.build_parser().parse_args([f"--out={tmp_path}/file/spp"])
     assert exit_info.value.code == 2
-    assert f"argument --out: {tmp_path}/file/spp cannot be made: {tmp_path}/file is a file" in capsys.readouterr().err
+    assert f"--out={tmp_path}/file/spp: {tmp_path}/file/spp cannot be made: {tmp_path}/file is a file" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["file"]
 
 
@@ -229,14 +229,14 @@ def test_a_function_change_that_overflows_is_explained(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.parametrize("argv,line", [
-    (["--function_change", "--depths=16,x"], "argument --depths: expected positive integers separated by commas"),
+    (["--function_change", "--depths=16,x"], "--depths=16,x: expected positive integers separated by commas"),
     (["--depths=16,100"], "--depths and --lr are read with --function_change only"),  # was ignored: ran --depth=100
     (["--lr=0.1"], "--depths and --lr are read with --function_change only"),
-    (["--batch_size=0"], "argument --batch_size: expected a positive integer, got '0'"),
+    (["--batch_size=0"], "--batch_size=0: expected a positive integer, got '0'"),
     # Issue 91.17: each was a traceback after Keras loaded (nan and inf: a null in the JSON, then matplotlib's).
-    (["--seed=-1"], "argument --seed: expected a whole number >= 0, got '-1'"),
-    (["--function_change", "--lr=nan"], "argument --lr: expected a finite number > 0, got 'nan'"),
-    (["--function_change", "--lr=inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+    (["--seed=-1"], "--seed=-1: expected a whole number >= 0, got '-1'"),
+    (["--function_change", "--lr=nan"], "--lr=nan: expected a finite number > 0, got 'nan'"),
+    (["--function_change", "--lr=inf"], "--lr=inf: expected a finite number > 0, got 'inf'"),
     (["--batch_size=100000"], "--batch_size=100000: the real digits are 5000"),
     (["--function_change", "--batch_size=5001", "--inputs=gaussian"], "--batch_size=5001: the real digits are 5000"),
 ])

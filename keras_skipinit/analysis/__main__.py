@@ -2,7 +2,7 @@
 
 from keras_skipinit.cli import parsing
 
-parsing.start("python -m keras_skipinit.analysis", "keras_skipinit.analysis.flags:build_parser")
+parsing.start("python -m keras_skipinit.analysis", "keras_skipinit.analysis.flags:parse")
 
 from keras_skipinit.analysis import command  # noqa: E402
 

@@ -18,9 +18,6 @@ def main(argv=None):
     from keras_skipinit import applications
     parser = flags.build_parser()
     args = parser.parse_args(argv)
-    if not args.function_change and (args.depths is not None or args.lr is not None):  # would be ignored below
-        parser.error("--depths and --lr are read with --function_change only; the signal-propagation analysis "
-                     "takes one --depth")
     keras.utils.set_random_seed(args.seed)
     if args.function_change:
         return _function_change_cli(args, parser)

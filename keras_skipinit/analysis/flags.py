@@ -1,9 +1,6 @@
 """The flags of `python -m keras_skipinit.analysis` (no Keras here: its
 --help and bad flags are answered before Keras loads, `parsing.preparse`)."""
 
-import argparse
-import functools
-
 from keras_skipinit import normalization as norm_lib, spec
 from keras_skipinit.cli import parsing
 
@@ -14,18 +11,18 @@ TOYS = ("linear", "linear_bn", "relu_bn", "conv_relu_bn", "relu_sqrt2")  # the t
 
 
 def _methods(text):
-    """An argparse type: method names separated by commas (a list), checked
+    """A flag type: method names separated by commas (a list), checked
     before Keras loads."""
     names = text.split(",")
     unknown = [name for name in names if name not in norm_lib.METHODS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))}: not one of {', '.join(norm_lib.NORMALIZATIONS)}")
+        raise ValueError(f"{', '.join(map(repr, unknown))}: not one of {', '.join(norm_lib.NORMALIZATIONS)}")
     return names
 
 
 def build_parser():
     """The command's flags."""
-    parser = parsing.ArgumentParser(prog="python -m keras_skipinit.analysis", description=DESCRIPTION)
+    parser = parsing.Command("python -m keras_skipinit.analysis", DESCRIPTION)
     parser.add_argument("--model", default="wrn", choices=spec.MODELS)
     parser.add_argument("--toy", choices=TOYS, help="analyse a toy network of App. B/C instead of --model")
     parser.add_argument("--depth", type=parsing.positive_int, default=100,
@@ -38,7 +35,7 @@ def build_parser():
     parser.add_argument("--seed", type=parsing.non_negative_int, default=0)
     parser.add_argument("--out", type=parsing.writable_directory, default="runs/spp",
                         help="a folder for the CSV, JSON and PNG (made if absent; checked before any work)")
-    parser.add_argument("--function_change", action="store_true",
+    parser.add_argument("--function_change", action="boolean",
                         help="Fixup §3's ||f(theta - lr g) - f(theta)|| / lr at init for every --normalizations and "
                         "--depths (looped blocks from depth 1000), on real digits: function_change.json and .png")
     parser.add_argument("--depths", type=parsing.positive_ints, default=None,
@@ -46,18 +43,22 @@ def build_parser():
                         f"{','.join(map(str, FUNCTION_CHANGE_DEPTHS))})")
     parser.add_argument("--lr", type=parsing.positive_finite, default=None,
                         help=f"with --function_change: the step's learning rate (default {FUNCTION_CHANGE_LR:g})")
-    parser.parse_args = functools.partial(_checked, parser, parser.parse_args)
+    parser.check(_digits)
     return parser
 
 
-def _checked(parser, parse, argv=None, namespace=None):
-    """`parse_args`, then the rules across flags: real digits are a sample of
-    the 5,000 embedded ones (--batch_size=100000 was a NumPy traceback;
-    issue 91.17): --function_change and the models read them by default, the
-    toys but conv_relu_bn Gaussian inputs."""
-    args = parse(argv, namespace)
+def parse(argv=None):
+    """This command line's flags, refused in one line where bad."""
+    return build_parser().parse_args(argv)
+
+
+def _digits(args):
+    """The rules across flags. Real digits are a sample of the 5,000 embedded ones (--batch_size=100000
+    was a NumPy traceback; issue 91.17): --function_change and the models read
+    them by default, the toys but conv_relu_bn Gaussian inputs."""
+    if not args.function_change and (args.depths is not None or args.lr is not None):  # would be ignored
+        return "--depths and --lr are read with --function_change only; the signal-propagation analysis takes one --depth"
     digits = args.function_change or (args.inputs == "mnist_embedded" and args.toy in (None, "conv_relu_bn"))
     if digits and args.batch_size > DIGITS:
-        parser.error(f"--batch_size={args.batch_size}: the real digits are {DIGITS} (--inputs=gaussian draws any "
-                     "number)")
-    return args
+        return f"--batch_size={args.batch_size}: the real digits are {DIGITS} (--inputs=gaussian draws any number)"
+    return None

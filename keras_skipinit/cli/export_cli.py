@@ -12,7 +12,7 @@ one line, nothing half-made left)."""
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import logging
 
 from keras_skipinit import spec
 from keras_skipinit.cli import parsing
@@ -43,42 +43,47 @@ inside; for other files pass --preprocessing). Writes
 are the same command.
 """
 
-F = flags.FLAGS
-flags.DEFINE_string("source", None, "A train.py model_dir or a .keras file.", required=True)
-# Said before Keras loads (the pre-parse runs validators), not 8 s after (issue 89.5).
-flags.register_validator("source", lambda path: path is None or os.path.exists(path),
-                         "no such model file or model_dir (a train.py model_dir or a .keras file)")
-flags.DEFINE_enum("format", "saved_model", ["saved_model", *spec.EXPORT_QUANTIZATIONS],
-                  "saved_model: TF Serving; litert: one .tflite (built-in ops only, ai_edge_litert); onnx: one .onnx "
-                  "(onnxruntime). litert and onnx need pip install -e \".[export]\".")
-flags.DEFINE_string("base_path", None, "--format=saved_model: TF Serving model base path (parent of <model_name>/).")
-flags.DEFINE_string("output", None, "--format=litert|onnx: the file to write (.tflite / .onnx).")
-flags.DEFINE_enum("quantize", None, sorted({q for qs in spec.EXPORT_QUANTIZATIONS.values() for q in qs}),
-                  "--format=litert: float16 weights, or full-integer int8; --format=onnx: int8 (ONNX Runtime's static "
-                  "quantization). int8 is calibrated on --calibration_images training images of the run's dataset "
-                  "(the input stays uint8 images). The check then reports accuracy.")
-flags.DEFINE_integer("check_images", 500, "Images of the run's evaluation split the written file is checked on.",
-                     lower_bound=1)
-flags.DEFINE_integer("calibration_images", 200, "Training images that calibrate --quantize=int8.", lower_bound=1)
-flags.DEFINE_string("dataset", None, "Dataset of the check and calibration images (default: the run's; required for "
-                    "a .keras file from elsewhere with --format=litert|onnx).")
-flags.DEFINE_string("labels", None, "A file of class names, one a line (default: the names train.py recorded).")
-flags.DEFINE_string("model_name", None, "Served model name, one path component (default: the source's name).")
-flags.DEFINE_integer("version", None, "Version number (default: the next free one).", lower_bound=1)
-flags.DEFINE_bool("overwrite", False, "Replace an existing version (or --output file).")
-flags.DEFINE_enum(
-    "preprocessing", None, list(preprocessing_lib.NAMES),
-    "In-graph preprocessing (default: the one recorded by train.py; required for other .keras files).",
-)
-flags.DEFINE_integer("top_k", 5, "Classes returned per image.", lower_bound=1)
-flags.DEFINE_bool("fold", True, "Fold BN/SkipInit/Fixup affine layers into the convs (exact).")
+def _existing(path):
+    """--source: one that exists (said before Keras loads, not 8 s after; issue 89.5)."""
+    if not os.path.exists(path):
+        raise ValueError("no such model file or model_dir (a train.py model_dir or a .keras file)")
+    return path
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not F["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
+COMMAND = parsing.Command("export", USAGE, as_invoked=True)
+_flag = COMMAND.add_argument
+_flag("--source", type=_existing, required=True, help="A train.py model_dir or a .keras file.")
+_flag("--format", default="saved_model", choices=["saved_model", *spec.EXPORT_QUANTIZATIONS],
+      help="saved_model: TF Serving; litert: one .tflite (built-in ops only, ai_edge_litert); onnx: one .onnx "
+      "(onnxruntime). litert and onnx need pip install -e \".[export]\".")
+_flag("--base_path", help="--format=saved_model: TF Serving model base path (parent of <model_name>/).")
+_flag("--output", help="--format=litert|onnx: the file to write (.tflite / .onnx).")
+_flag("--quantize", choices=sorted({q for qs in spec.EXPORT_QUANTIZATIONS.values() for q in qs}),
+      help="--format=litert: float16 weights, or full-integer int8; --format=onnx: int8 (ONNX Runtime's static "
+      "quantization). int8 is calibrated on --calibration_images training images of the run's dataset "
+      "(the input stays uint8 images). The check then reports accuracy.")
+_flag("--check_images", type=parsing.positive_int, default=500,
+      help="Images of the run's evaluation split the written file is checked on.")
+_flag("--calibration_images", type=parsing.positive_int, default=200, help="Training images that calibrate --quantize=int8.")
+_flag("--dataset", help="Dataset of the check and calibration images (default: the run's; required for "
+      "a .keras file from elsewhere with --format=litert|onnx).")
+_flag("--labels", help="A file of class names, one a line (default: the names train.py recorded).")
+_flag("--model_name", help="Served model name, one path component (default: the source's name).")
+_flag("--version", type=parsing.positive_int, help="Version number (default: the next free one).")
+_flag("--overwrite", action="boolean", default=False, help="Replace an existing version (or --output file).")
+_flag("--preprocessing", choices=list(preprocessing_lib.NAMES),
+      help="In-graph preprocessing (default: the one recorded by train.py; required for other .keras files).")
+_flag("--top_k", type=parsing.positive_int, default=5, help="Classes returned per image.")
+_flag("--fold", action="boolean", default=True, help="Fold BN/SkipInit/Fixup affine layers into the convs (exact).")
+F = COMMAND.flag_values  # the last parse's values (and which flags it was given: F[name].present)
+
+
+def parse(argv=None):
+    return COMMAND.parse_args(argv)
+
+
+def main(args):
+    logging.set_verbosity(logging.WARNING)
     from keras_skipinit.serving import deploy, savedmodel
     try:
         _check_flags()
@@ -210,11 +215,11 @@ def _export_file(model, preprocessing, source, labels):
 def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
     from keras_skipinit.cli import startup
-    parsing.start(parsing.program("export"), __name__, keras=False)
+    parsing.start(parsing.program("export"), f"{__name__}:parse", keras=False)
     parsing.exit_without_tensorflow("export")  # SavedModels are TensorFlow graphs
     startup.load_keras()
     import keras
 
     if keras.backend.backend() != "tensorflow":
         parsing.rerun_on_tensorflow()
-    parsing.run(main, USAGE, "export")
+    COMMAND.run(main)

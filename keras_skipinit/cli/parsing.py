@@ -1,16 +1,17 @@
-"""The command layer's plumbing: every entry point's start (`start`), absl's
-flags for train.py and export, argparse for the others, one wording of errors."""
+"""The command layer: every entry point's start (`start`), every command's
+flags (`Command`, on absl's flags), one wording of errors."""
 
-import argparse
 import contextlib
 import importlib
+import textwrap
 import logging
 import math
 import os
 import re
 import sys
+import types
 
-from absl import app, flags
+from absl import flags
 
 from keras_skipinit.cli import startup
 
@@ -21,74 +22,29 @@ def program(default):
     return default if base in ("", "__main__.py", "-c") else base
 
 
-HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
-
-
-def help_text(usage, module):
-    """The usage text and the command's own flags (those `module` defines),
-    each with its help and default."""
-    return f"{usage.rstrip()}\n\nFlags:\n{flags.FLAGS.module_help(module)}\n"
-
-
-# Flags that TensorFlow and absl.testing define when they load: accepted by the pre-parse, checked by the live one.
-LIBRARY_FLAGS = ("delta_threshold", "hbm_oom_exit", "op_conversion_fallback_to_while_loop", "runtime_oom_exit",
-                 "tt_check_filter", "tt_single_core_summaries", "test_random_seed", "test_randomize_ordering_seed",
-                 "test_srcdir", "test_tmpdir", "xml_output_file")
-
-
 def start(program, command=None, training=False, keras=True):
     """An entry point's first step (train.py, `python -m ...`, the console
     scripts), before anything imports Keras: the backend checked
-    (`startup.check_backend`); --help and bad flags answered by `command`'s flags
-    (`preparse`: an absl command's module, or "module:function" making an
-    argparse parser; none of them imports Keras); then, with `keras`, Keras
-    loaded by `startup.load_keras`. Only entry points call it: importing the package
-    reads no command line (issue 88.1)."""
+    (`startup.check_backend`); --help and bad flags answered by `command`
+    ("module:function", the command's parse of argv; no such module imports
+    Keras); then, with `keras`, Keras loaded by `startup.load_keras`. Only
+    entry points call it: importing the package reads no command line
+    (issue 88.1)."""
     startup.check_backend(program, training)
     if command:
-        preparse(command, program)
+        preparse(command)
     if keras:
         startup.load_keras()
 
 
-def preparse(command, program_name, argv=None):
+def preparse(command, argv=None):
     """Help, or a one-line refusal with exit status 2, for this process's
-    command line before Keras loads (`command`: an absl command's module, or
-    "module:function" making an argparse parser; none of them imports Keras):
-    `start` calls it. The flags are the live ones (train.py's from
-    `spec.Config`), so nothing can go stale; the live parse after the import
-    repeats this one. Returns when the flags parse."""
-    argv = list(sys.argv if argv is None else argv)
-    module_name, _, parser = command.partition(":")
-    module = importlib.import_module(module_name)
-    if parser:  # argparse (the sweep, analysis, quantization): its own parse
-        getattr(module, parser)().parse_args(argv[1:])
-        return
-    parse_flags(argv, module.USAGE, module, program_name, known_only=True)
-
-
-def parse_flags(argv, usage, module, program_name, known_only=False):
-    """Parses argv into absl's FLAGS: --help prints the usage and `module`'s
-    flags (exit 0); a bad flag or a stray argument is one line (exit 2).
-    known_only: flags not (yet) defined are refused unless `LIBRARY_FLAGS`."""
-    if any(arg in HELP for arg in argv[1:]):
-        print_help(help_text(usage, module))
-    unknown = _unknown_flag(argv[1:])  # before absl's parse: its validators (a required --source) spoke first
-    if unknown:
-        known = [n for f in flags.FLAGS.get_flags_for_module(module) for n in (f.name, f.short_name) if n]
-        refuse(program_name, f"Unknown command line flag '{unknown}'{did_you_mean(unknown, known)} (--help lists the flags)")
-    try:
-        rest = flags.FLAGS(argv, known_only=known_only)
-    except flags.Error as e:  # a validator of several flags: absl's "flags a=1, b=2: " before its words, dropped
-        refuse(program_name, f"{_MULTI_FLAG_PREFIX.sub('', str(e))} (--help lists the flags)")
-    if known_only:  # the library flags, not yet defined, stay in `rest`
-        rest = [rest[0]] + [a for a in rest[1:] if not a.startswith("-")]
-    if len(rest) > 1:
-        refuse(program_name, unexpected(rest[1:]))
-    return rest
-
-
-_MULTI_FLAG_PREFIX = re.compile(r"^flags (\w+=[^,]*, )*\w+=[^:]*: ")
+    command line before Keras loads: `command` is "module:function", the
+    function the command parses its argv with (the live flags, so nothing can
+    go stale; the parse after Keras loads repeats this one). Returns when the
+    flags parse."""
+    module_name, _, function = command.partition(":")
+    getattr(importlib.import_module(module_name), function)(sys.argv[1:] if argv is None else list(argv))
 
 
 def _flags_given(args):
@@ -98,30 +54,154 @@ def _flags_given(args):
             if a.startswith("-") and a != "-" and not _NUMBER.match(a)]
 
 
-def _unknown_flag(args):
-    """The first flag in `args` that neither absl's FLAGS nor `LIBRARY_FLAGS`
-    defines (--noname for a boolean), or None."""
-    for name in map(_flag_name, _flags_given(args)):
-        if not (name in flags.FLAGS or name in LIBRARY_FLAGS or (name.startswith("no") and name[2:] in flags.FLAGS)):
-            return name
-    return None
+HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 
-def _flag_name(arg):
-    name = arg.lstrip("-").split("=", 1)[0]
-    return name[2:] if name.startswith("no") and name[2:] in LIBRARY_FLAGS else name
+class _Value(flags.ArgumentParser):
+    """absl's parser of one flag: `convert` makes the value from the text (a
+    ValueError's words are the line said), then `choices` are checked. A value
+    that is not text (a default, a preset's) is taken as it is."""
+
+    def __init__(self, convert, choices, kind):
+        self.convert, self.choices, self.kind = convert, choices, kind
+        self.syntactic_help = f"one of: {', '.join(map(str, choices))}" if choices else ""
+
+    def parse(self, argument):
+        if not isinstance(argument, str):
+            return argument
+        value = self.convert(argument) if self.convert else argument
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"expected one of {', '.join(map(str, self.choices))}, got {argument!r}")
+        return value
+
+    def flag_type(self):
+        return self.kind
 
 
-def run(main, usage, name):
-    """absl's app.run with this command's usage text, also when started
-    through pip's wrapper script (whose module has no docstring). --help
-    (and -h, --helpfull) prints the usage and the command's own flags and
-    exits 0 (absl's listed no flags, or every library's, and exited 1). Bad
-    flags (an unknown one, a value outside its enum or bounds) and stray
-    arguments are one line and exit status 2, as every other bad input."""
-    sys.modules["__main__"].__doc__ = usage
+def _builtin(convert):
+    """int and float as flag types: their error said as "expected an integer", not int()'s words."""
+    def parse(text):
+        try:
+            return convert(text)
+        except ValueError:
+            raise ValueError(f"expected {'an integer' if convert is int else 'a number'}, got {text!r}") from None
 
-    app.run(main, flags_parser=lambda argv: parse_flags(argv, usage, sys.modules[main.__module__], program(name)))
+    return parse
+
+
+class Command:
+    """One command's flags (issue 88.2): every command (train.py, export,
+    predict, the sweep and its quantization step, analysis) declares its flags
+    with `add_argument` (argparse's words; the declarations are data, spec's
+    settings enter through `spec.add_arguments`) and parses them with absl's
+    flags, the one flag library: train.py's syntax (--name=value, --name value,
+    --[no]name; --no-name too). Each command has its own FlagValues, so none
+    touches absl's global FLAGS and commands share a process. Here, and only
+    here, --help is answered and bad input worded: an unknown flag is named
+    with the closest known one; a bad value, a missing required flag, a stray
+    argument or a failed `check` is one line and exit status 2."""
+
+    def __init__(self, name, description="", as_invoked=False):
+        self.name, self.description, self.as_invoked = name, description, as_invoked
+        self.flag_values = flags.FlagValues()
+        self.names, self.required, self.checks, self.positional = [], [], [], None
+
+    def add_argument(self, option, *, type=None, default=None, choices=None, help="", action=None, required=False,
+                     nargs=None):
+        """A flag ("--name"), or the one positional argument ("name", nargs="+" or "*")."""
+        if not option.startswith("--"):
+            self.positional = (option, help, nargs == "+")
+            return
+        name = option[2:]
+        if action in ("store_true", "boolean"):
+            flags.DEFINE_boolean(name, bool(default), help, flag_values=self.flag_values, module_name=self.name)
+        else:
+            convert = _builtin(type) if type in (int, float) else type
+            flags.DEFINE(_Value(convert, None if choices is None else tuple(choices), getattr(type, "__name__", "string")),
+                         name, default, help, flag_values=self.flag_values, serializer=flags.ArgumentSerializer(),
+                         module_name=self.name)
+        self.names.append(name)
+        if required:
+            self.required.append(name)
+
+    def check(self, rule):
+        """`rule(args)` -> the words of a broken rule across flags, or None: run after each parse."""
+        self.checks.append(rule)
+
+    def parse_args(self, argv=None, defaults=None):
+        """argv (default: this process's, after its name) -> a namespace of
+        every flag's value (and the positional argument's list); `defaults(values)`
+        -> {name: value} for flags not given (a preset's). Refuses bad input
+        (`error`); --help prints `format_help` and exits 0."""
+        argv = sys.argv[1:] if argv is None else list(argv)
+        given = _flags_given(argv)
+        if any(arg in HELP for arg in given):
+            print_help(self.format_help())
+        fv = self.flag_values
+        argv = [f"--no{a[5:]}" if a.startswith("--no-") and a[5:] in self.names else a for a in argv]
+        for arg in _flags_given(argv):
+            name = arg.lstrip("-").split("=", 1)[0]
+            if name not in fv and not (name.startswith("no") and name[2:] in fv and fv[name[2:]].boolean):
+                self.error(f"unknown flag --{name}{did_you_mean(name, self.names)}")
+        fv.unparse_flags()
+        try:
+            rest = fv([self.prog, *argv])[1:]
+        except flags.Error as e:
+            self.error(str(e).removeprefix("flag "))
+        values = {name: fv[name].value for name in self.names}
+        for name, value in (defaults(values) if defaults else {}).items():
+            if not fv[name].present:
+                values[name] = value
+        if self.positional:
+            name, help, needed = self.positional
+            if needed and not rest:
+                self.error(f"no {name} given ({help})")
+            values[name] = rest
+        elif rest:
+            self.error(unexpected(rest))
+        for name in self.required:
+            if values[name] is None:
+                self.error(f"--{name} is required: {fv[name].help}")
+        args = types.SimpleNamespace(**values)
+        for rule in self.checks:
+            words = rule(args)
+            if words:
+                self.error(words)
+        return args
+
+    def given(self, name):
+        """Whether the last parse's command line named flag `name`."""
+        return bool(self.flag_values[name].present)
+
+    def format_help(self):
+        """The description and each flag: its help, choices and default."""
+        lines = [self.description.rstrip(), "", "Flags:"]
+        if self.positional:
+            lines.append(f"  {self.positional[0]}{' ...' if self.positional[2] else ''}: {self.positional[1]}")
+        for name in self.names:
+            flag = self.flag_values[name]
+            shown = f"--[no]{name}" if flag.boolean else f"--{name}"
+            default = flag.default
+            default = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+            syntax = getattr(flag.parser, "syntactic_help", "")
+            help = " ".join(part for part in (flag.help.replace("(no help available)", ""), f"({syntax})" if syntax else "",
+                                              f"(default: {default!r})" if default not in (None, "") else "") if part)
+            lines.append(textwrap.fill(help, 110, initial_indent=f"  {shown}: ", subsequent_indent="      "))
+        return "\n".join(lines) + "\n"
+
+    @property
+    def prog(self):
+        """The command's name in its lines: `name`, or with `as_invoked` the name it was started by
+        (train.py, keras-skipinit-train; read when said: importing a command reads no argv)."""
+        return program(self.name) if self.as_invoked else self.name
+
+    def error(self, message):
+        refuse(self.prog, f"{message} (--help lists the flags)")
+
+    def run(self, main):
+        """The command: its flags parsed from this process's argv, then
+        `main(args)`, whose return value is the exit status."""
+        sys.exit(main(self.parse_args()))
 
 
 def print_help(text):
@@ -134,7 +214,7 @@ def print_help(text):
 
 
 def unexpected(arguments):
-    return f"unexpected arguments: {' '.join(arguments)} (flags are --name=value; --help lists them)"
+    return f"unexpected arguments: {' '.join(arguments)} (flags are --name=value)"
 
 
 def did_you_mean(name, known):
@@ -149,52 +229,29 @@ def did_you_mean(name, known):
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$")
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse for our commands (the sweep, its quantization step, the
-    analysis CLI, predict): a bad flag is one line and exit status 2, as for
-    train.py and export, not the usage block above the error. Flags are
-    written in full, as absl's are (no abbreviations: --epoch is not
-    --epochs), and an unknown one is named first, with the flag it is
-    closest to (argparse said that a required flag was missing)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, allow_abbrev=False, **kwargs)
-
-    def parse_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else list(args)
-        for name in (arg.split("=", 1)[0] for arg in _flags_given(args)):
-            if name not in self._option_string_actions:
-                known = [o for o in self._option_string_actions if o.startswith("--")]
-                self.error(f"unrecognized argument {name}{did_you_mean(name, known)}")
-        return super().parse_args(args, namespace)
-
-    def error(self, message):
-        refuse(self.prog, f"{message} (--help lists the flags)")
-
-
 def _number(text, convert, fits, expected):
-    """An argparse type's value: `convert(text)` where `fits` it, else one line saying what was expected."""
+    """A flag type's value: `convert(text)` where `fits` it, else one line saying what was expected."""
     try:
         value = convert(text)
     except ValueError:
         value = None
     if value is None or not fits(value):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        raise ValueError(f"expected {expected}, got {text!r}")
     return value
 
 
 def positive_int(text):
-    """An argparse type: a whole number >= 1, else one line saying so."""
+    """A flag type: a whole number >= 1, else one line saying so."""
     return _number(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_int(text):
-    """An argparse type: a whole number >= 0 (a seed: NumPy refuses negative ones, late, as a traceback)."""
+    """A flag type: a whole number >= 0 (a seed: NumPy refuses negative ones, late, as a traceback)."""
     return _number(text, int, lambda v: v >= 0, "a whole number >= 0")
 
 
 def positive_finite(text):
-    """An argparse type: a finite number > 0 (a learning rate)."""
+    """A flag type: a finite number > 0 (a learning rate)."""
     return _number(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
@@ -203,24 +260,24 @@ def numbers(convert, text, expected):
     line saying what was expected (not "invalid _ints value")."""
     try:
         return [convert(v) for v in text.split(",")]
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {text!r}") from None
 
 
 def positive_ints(text):
-    """An argparse type: whole numbers >= 1 separated by commas."""
+    """A flag type: whole numbers >= 1 separated by commas."""
     return numbers(positive_int, text, "positive integers separated by commas (e.g. 16,100)")
 
 
 def writable_directory(text):
-    """An argparse type: a directory that exists or can be made, and can be
+    """A flag type: a directory that exists or can be made, and can be
     written (`files.check_writable`): refused before any work is done, not
     when its results are written."""
     from keras_skipinit import files
     try:
         files.check_writable(text)  # argparse names the flag
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise ValueError(str(e)) from None
     return text
 
 

@@ -1,5 +1,5 @@
 """How our commands start (train.py, python -m export, the sweep, the
-console scripts, the scripts in benchmarks/): `_cli.start`, called by each
+console scripts, the scripts in benchmarks/): `parsing.start`, called by each
 entry point and by nothing the package imports, answers --help and bad
 flags before Keras loads, then loads it quietly (`load_keras`).
 

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from absl import app, flags, logging
+from absl import logging
 
 from keras_skipinit import spec
 from keras_skipinit.cli import parsing
@@ -33,76 +33,41 @@ Examples:
       --batch_size=256 --learning_rate=0.1
 """
 
-F = flags.FLAGS
-_DEFINE = {"int": flags.DEFINE_integer, "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
-           "string": flags.DEFINE_string, "enum": flags.DEFINE_enum}
+EXPORT_DIR_HELP = ("If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after "
+                   "training (checked before training starts).")
 
 
-def define():
+def command():
     """train.py's flags: one per `spec.Config` setting (its default, help,
-    choices and bounds; each value checked by `spec.value_error`, as a Config
-    is: NaN, infinity, --alpha_init's names), and --export_dir. The package's
-    pre-parse (`parsing.preparse`) imports this module, so the same flags answer
-    before Keras loads."""
-    for name, field in spec.FIELDS.items():
-        meta, kind = field.metadata, spec.kind(name)
-        extra = {"lower_bound": meta["lower"], "upper_bound": meta["upper"]} if kind in ("int", "float") else {}
-        choices = (list(meta["choices"]),) if kind == "enum" else ()
-        _DEFINE[kind](name, field.default, *choices, meta["help"], **extra)
-        flags.register_validator(name, _checker(name))
-    flags.register_multi_flags_validator(list(spec.ACROSS), _across)
-    flags.DEFINE_string(
-        "export_dir", None,
-        "If set, also export a TF Serving SavedModel to <export_dir>/<model_dir's name>/<version> after training "
-        "(checked before training starts).")
+    choices and bounds; each value checked as a Config is: NaN, infinity,
+    --alpha_init's names), --export_dir, and the rules across settings
+    (`spec.across_error`). `parsing.start` parses them before Keras loads."""
+    cmd = parsing.Command("train.py", USAGE, as_invoked=True)
+    spec.add_arguments(cmd, {name: field.default for name, field in spec.FIELDS.items()})
+    cmd.add_argument("--export_dir", help=EXPORT_DIR_HELP)
+    cmd.check(lambda args: spec.across_error({name: getattr(args, name) for name in spec.ACROSS}))
+    return cmd
 
 
-def _across(values):
-    error = spec.across_error(values)
-    if error:
-        raise flags.ValidationError(error)
-    return True
+COMMAND = command()
 
 
-def _checker(name):
-    def check(value):
-        error = spec.value_error(name, _alpha(value) if name == "alpha_init" else value)
-        if error:
-            raise flags.ValidationError(f"--{error}")
-        return True
-
-    return check
+def parse(argv=None):
+    """This command line's settings (`command`), refused in one line where bad."""
+    return COMMAND.parse_args(argv)
 
 
-define()
+def config_of(args):
+    return spec.Config(**{name: getattr(args, name) for name in spec.FIELDS})
 
 
-def _alpha(value):
-    """--alpha_init's text as the setting: a name, or a float (text that is neither stays text, refused by name)."""
-    if value is None or value in spec.FIELDS["alpha_init"].metadata["choices"]:
-        return value
-    try:
-        return float(value)
-    except ValueError:
-        return value
-
-
-def config_from_flags():
-    fields = {name: F[name].value for name in spec.FIELDS}
-    fields["alpha_init"] = _alpha(fields["alpha_init"])
-    return spec.Config(**fields)
-
-
-def main(argv):
+def main(args):
     from keras_skipinit import files
     from keras_skipinit.training import run_dir, trainer
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not F["verbosity"].present:  # TFDS logs every file it reads at INFO
-        logging.set_verbosity(logging.WARNING)
+    logging.set_verbosity(logging.WARNING)  # TFDS logs every file it reads at INFO
     try:
-        config = config_from_flags()
-        export_name = _check_export(config)
+        config = config_of(args)
+        export_name = _check_export(config, args.export_dir)
         results = trainer.train(config)
     except ValueError as e:
         print(f"{parsing.program('train.py')}: error: {e}", file=sys.stderr)
@@ -142,26 +107,26 @@ def main(argv):
     if export_name is None:
         return 0
     done = results.get("export_path") if results.get("already_complete") else None
-    if done and os.path.isdir(done) and os.path.dirname(os.path.normpath(done)) == os.path.join(F.export_dir, export_name):
+    if done and os.path.isdir(done) and os.path.dirname(os.path.normpath(done)) == os.path.join(args.export_dir, export_name):
         print(f"Already exported to {done}")  # a rerun of a finished run: no new version of the same weights
         return 0
-    return _export(config, export_name, results_path)
+    return _export(config, args.export_dir, export_name, results_path)
 
 
-def _check_export(config):
+def _check_export(config, export_dir):
     """The served model name for --export_dir, validated before training."""
-    if F.export_dir is None:
+    if export_dir is None:
         return None
     missing = parsing.without_tensorflow("--export_dir")
     if missing:
         raise ValueError(missing + "; or export the run later, where it is installed, with python -m export")
     from keras_skipinit.serving import savedmodel
     name = savedmodel.model_name_for(config.model_dir)
-    savedmodel.check_target(F.export_dir, name, "--export_dir")
+    savedmodel.check_target(export_dir, name, "--export_dir")
     return name
 
 
-def _export(config, name, results_path):
+def _export(config, export_dir, name, results_path):
     """Exports the finished run; an export error leaves its results intact.
     A run trained on another backend is exported by `python -m export` on
     TensorFlow, in a process of its own."""
@@ -174,9 +139,9 @@ def _export(config, name, results_path):
         if keras.backend.backend() == "tensorflow":
             model, preprocessing, source = savedmodel.load_source(config.model_dir)
             labels = model_files.recorded_labels(config.model_dir, model.output_shape[-1])  # as python -m export's
-            path = savedmodel.export(model, F.export_dir, name, preprocessing=preprocessing, labels=labels)
+            path = savedmodel.export(model, export_dir, name, preprocessing=preprocessing, labels=labels)
         else:
-            source, path = _export_on_tensorflow(config.model_dir, name)
+            source, path = _export_on_tensorflow(config.model_dir, export_dir, name)
     except (ValueError, OSError) as e:
         print(f"{parsing.program('train.py')}: export failed (the run's results are kept in {results_path}): {e}", file=sys.stderr)
         return 4
@@ -186,19 +151,19 @@ def _export(config, name, results_path):
     return 0
 
 
-def _export_on_tensorflow(model_dir, name):
+def _export_on_tensorflow(model_dir, export_dir, name):
     from keras_skipinit.serving import savedmodel
-    version = savedmodel.next_version(os.path.join(F.export_dir, name))
+    version = savedmodel.next_version(os.path.join(export_dir, name))
     command = [sys.executable, "-c", "from keras_skipinit.cli.export_cli import run; run()", f"--source={model_dir}",
-               f"--base_path={F.export_dir}", f"--model_name={name}", f"--version={version}"]
+               f"--base_path={export_dir}", f"--model_name={name}", f"--version={version}"]
     proc = subprocess.run(command, capture_output=True, text=True, env=parsing.tensorflow_env())
     if proc.returncode:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         raise ValueError(lines[-1] if lines else f"python -m export ended with status {proc.returncode}")
-    return model_dir, os.path.join(F.export_dir, name, str(version))
+    return model_dir, os.path.join(export_dir, name, str(version))
 
 
 def run():
     """Console entry point (keras-skipinit-train); `python train.py` calls it too."""
-    parsing.start(parsing.program("train.py"), __name__, training=True)
-    parsing.run(main, USAGE, "train.py")
+    parsing.start(parsing.program("train.py"), f"{__name__}:parse", training=True)
+    COMMAND.run(main)

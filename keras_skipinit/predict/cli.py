@@ -50,7 +50,7 @@ NAME = "python -m keras_skipinit.predict"
 
 def build_parser():
     """The command's flags (no Keras here: `parsing.preparse` answers --help and bad flags before it loads)."""
-    parser = parsing.ArgumentParser(prog=NAME, description="What is in these images, from a trained run or an exported "
+    parser = parsing.Command(NAME, "What is in these images, from a trained run or an exported "
                                  "file (one line per image: path, label, score).")
     parser.add_argument("images", nargs="+", help="image files, or folders searched recursively for them")
     parser.add_argument("--source", required=True, type=_existing, help="a train.py model_dir, a .keras file, a SavedModel version "
@@ -67,11 +67,9 @@ def build_parser():
 
 
 def _existing(path):
-    """An argparse type: a --source that exists (said before Keras loads, not after; issue 89.5)."""
-    import argparse
-
+    """--source: one that exists (said before Keras loads, not after; issue 89.5)."""
     if not os.path.exists(path):
-        raise argparse.ArgumentTypeError(f"{path}: no such model file or model_dir (a train.py model_dir, a .keras "
+        raise ValueError(f"{path}: no such model file or model_dir (a train.py model_dir, a .keras "
                                          "file, a SavedModel, a .tflite or a .onnx file)")
     return path
 
@@ -284,9 +282,13 @@ class _Progress:
             self.shown = False
 
 
+def parse(argv=None):
+    """This command line's flags and images, refused in one line where bad."""
+    return build_parser().parse_args(argv)
+
+
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     try:
         files = image_files(args.images)
         if args.output is not None:

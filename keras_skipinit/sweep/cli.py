@@ -1,6 +1,5 @@
 """The sweep's command line: `python -m keras_skipinit.sweep --help`."""
 
-import argparse
 import math
 import os
 import sys
@@ -16,7 +15,7 @@ def _halves(text):
     expected = "whole or half octaves (e.g. -6,-4.5)"
     values = parsing.numbers(float, text, expected)
     if any(2 * v != int(2 * v) for v in values if math.isfinite(v)) or not all(map(math.isfinite, values)):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        raise ValueError(f"expected {expected}, got {text!r}")
     return [int(v) if v == int(v) else v for v in values]
 
 
@@ -25,9 +24,9 @@ def _finite(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise ValueError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        raise ValueError(f"must be a finite number, got {text!r}")
     return value
 
 
@@ -43,10 +42,10 @@ def _method_ints(text):
     try:
         values = {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected method=integer,..., got {text!r}") from None
+        raise ValueError(f"expected method=integer,..., got {text!r}") from None
     far = [f"{k}={v}" for k, v in values.items() if abs(v) > protocol.MAX_LOG2_LR]  # 2^5000: OverflowError (91.16)
     if far:
-        raise argparse.ArgumentTypeError(f"log2 rates lie in -{protocol.MAX_LOG2_LR}..{protocol.MAX_LOG2_LR}, got "
+        raise ValueError(f"log2 rates lie in -{protocol.MAX_LOG2_LR}..{protocol.MAX_LOG2_LR}, got "
                                          f"{', '.join(far)}")
     return values
 
@@ -54,14 +53,14 @@ def _method_ints(text):
 def build_parser():
     """The sweep's flags: its own, and train.py's settings it passes on (help, kinds, choices from `spec.Config`).
     No Keras is imported here: `parsing.preparse` answers --help and bad flags before it loads."""
-    parser = parsing.ArgumentParser(prog="python -m keras_skipinit.sweep", description="The papers' depth and batch-size experiments, run through training.train.")
+    parser = parsing.Command("python -m keras_skipinit.sweep", "The papers' depth and batch-size experiments, run through training.train.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's settings; other flags override them")
     parser.add_argument("--protocol", choices=("table1", "depth", "converged", "batch_scaling", protocol.EDGE,
                                                protocol.SURVIVAL),
                         default="table1", help="converged: choose each cell's lr on --validation_examples, then "
                         "--final_seeds runs; batch_scaling: the same over --batch_sizes; edge: each cell's largest "
                         "log2 rate where --best_k of --seeds runs train, searched an octave at a time; survival: "
-                        "per rate the fraction of --seeds runs that train, with 95%% intervals, and the rate where "
+                        "per rate the fraction of --seeds runs that train, with 95% intervals, and the rate where "
                         "half train")
     spec.add_arguments(parser, {"model": "wrn", "width": 1, "dataset": spec.EMBEDDED, "data_dir": None,
                                 "manual_dir": None, "epochs": 3, "schedule": "cifar", "steps_per_epoch": None,
@@ -85,7 +84,7 @@ def build_parser():
     parser.add_argument("--log2_lrs", type=_halves, default=None,
                         help="learning rates 2^k (e.g. -6,-4,-2; half octaves: -4.5)")
     parser.add_argument("--lrs", type=_floats, default=None, help="learning rates as values (e.g. 0.1)")
-    parser.add_argument("--extend_grid", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--extend_grid", action="boolean", default=False,
                         help="extend each cell's grid until its optimum is interior (within 2^-10..2^2)")
     parser.add_argument("--seeds", type=int, default=3, help="runs per learning rate (n)")
     parser.add_argument("--best_k", type=int, default=2, help="best k of n averaged (paper: 5 of 7)")
@@ -114,8 +113,8 @@ def build_parser():
     parser.add_argument("--out", default=None, help="runs.jsonl, table.md, summary.json, sweep.png (default: "
                         "runs/<--preset>, else runs/sweep: two presets copied without --out do not collide)")
     parser.add_argument("--runs_dir", default=None, help="model_dir of each run (default: runs/sweeps/<out's name>)")
-    parser.add_argument("--report_only", action="store_true", help="write the tables and plot from runs.jsonl")
-    parser.add_argument("--dry_run", action="store_true",
+    parser.add_argument("--report_only", action="boolean", help="write the tables and plot from runs.jsonl")
+    parser.add_argument("--dry_run", action="boolean",
                         help="print the runs the sweep would start now and how many are left; run and write nothing")
     parser.add_argument("--beside", type=_names, default=[],
                         help="--protocol=edge or table1: other such sweeps' --out folders (their summary.json) whose "
@@ -123,7 +122,7 @@ def build_parser():
                              "folder with fewer seeds)")
     parser.add_argument("--compare_to", default=None,
                         help="--protocol=survival: another survival sweep's --out (its summary.json): the table gives how "
-                             "far this sweep's changed settings move each cell's half-train rate, with a 95%% interval")
+                             "far this sweep's changed settings move each cell's half-train rate, with a 95% interval")
     parser.add_argument("--executor", choices=("sequential", "processes", "ray"), default="sequential",
                         help="sequential: each run in this process in turn; processes: each run a child process, "
                              "--processes at once (one GPU or many cores shared); ray: each run a Ray task "
@@ -143,10 +142,7 @@ def build_parser():
 def parse_args(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    preset = parser.parse_known_args(argv)[0].preset
-    if preset:
-        parser.set_defaults(**PRESETS[preset]())
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv, defaults=lambda values: PRESETS[values["preset"]]() if values["preset"] else {})
     args.argv = argv
     if args.log2_lrs and max(abs(k) for k in args.log2_lrs) > protocol.MAX_LOG2_LR:
         parser.error(f"--log2_lrs must lie in -{protocol.MAX_LOG2_LR}..{protocol.MAX_LOG2_LR}")
@@ -250,24 +246,23 @@ def _chance_from_the_data(parser, args):
     args.chance_level = 1 / args.classes if args.chance_level is None else args.chance_level
 
 
-def checked_parser():
-    """The pre-parse's parser (`parsing.preparse`): its parse_args makes every
-    check of `parse_args`, so a bad value is refused before Keras loads."""
-    parser = build_parser()
-    parser.parse_args = parse_args
-    return parser
-
-
 def quantization_parser():
     """`python -m keras_skipinit.sweep.quantization`'s flags (here, not there: the pre-parse imports no module
     that runpy then runs)."""
-    parser = parsing.ArgumentParser(prog="python -m keras_skipinit.sweep.quantization", description="The int8 study, step 2: every completed final run of a sweep's --out exported float32, float16 and "
+    parser = parsing.Command("python -m keras_skipinit.sweep.quantization", "The int8 study, step 2: every completed final run of a sweep's --out exported float32, float16 and "
                                  "int8 (LiteRT) and float32 and int8 (ONNX Runtime), each file's top-1 accuracy measured in its runtime.")
     parser.add_argument("--out", required=True, help="a sweep's --out (its runs.jsonl names the runs)")
-    parser.add_argument("--check_images", type=int, default=10000, help="evaluation images each file is measured on")
-    parser.add_argument("--calibration_images", type=int, default=200, help="training images that calibrate int8")
-    parser.add_argument("--report_only", action="store_true", help="rewrite quantization.md from quantization.jsonl")
+    parser.add_argument("--check_images", type=parsing.positive_int, default=10000,
+                        help="evaluation images each file is measured on")
+    parser.add_argument("--calibration_images", type=parsing.positive_int, default=200,
+                        help="training images that calibrate int8")
+    parser.add_argument("--report_only", action="boolean", help="rewrite quantization.md from quantization.jsonl")
     return parser
+
+
+def parse_quantization(argv=None):
+    """The quantization step's flags, refused in one line where bad."""
+    return quantization_parser().parse_args(argv)
 
 
 def main(argv=None):

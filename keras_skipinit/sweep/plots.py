@@ -1,9 +1,9 @@
 """The sweep's figures (sweep.png, curves.png), per protocol; each written
 only where its bytes change (`files.write_if_changed`)."""
 
-import argparse
 import math
 import os
+import types
 
 import numpy as np
 
@@ -156,7 +156,7 @@ def plot_edges(details, args, borrowed=None):
     named in the title with their k of n."""
     plt = _plt()
     borrowed = borrowed or {}
-    args = argparse.Namespace(**{**vars(args), "depths": sorted({*args.depths, *borrowed})})
+    args = types.SimpleNamespace(**{**vars(args), "depths": sorted({*args.depths, *borrowed})})
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     low = PAPER_LOG2_RANGE[0] - 1
     for i, key in enumerate(args.methods):

@@ -149,8 +149,6 @@ def main(argv=None):
 
     parser = cli.quantization_parser()
     args = parser.parse_args(argv)
-    if args.check_images < 1 or args.calibration_images < 1:
-        parser.error("--check_images and --calibration_images must be positive")
     try:
         if args.report_only and not os.path.isfile(os.path.join(args.out, LOG)):
             raise ValueError(f"no {LOG} in {args.out}: run the study without --report_only first")
@@ -167,5 +165,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     from keras_skipinit.cli import parsing
-    parsing.start("python -m keras_skipinit.sweep.quantization", "keras_skipinit.sweep.cli:quantization_parser")
+    parsing.start("python -m keras_skipinit.sweep.quantization", "keras_skipinit.sweep.cli:parse_quantization")
     sys.exit(main())
