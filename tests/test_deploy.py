@@ -199,7 +199,7 @@ def test_quantized_litert_exports_report_accuracy_and_write_class_names(tmp_path
 
 BAD_REQUESTS = [
     (["--format=litert"], "needs --output"),
-    (["--format=tflite", "--output=X/m.tflite"], "--format=tflite: value should be one of <saved_model|litert|onnx>"),
+    (["--format=tflite", "--output=X/m.tflite"], "--format=tflite: expected one of saved_model, litert, onnx"),
     (["--output=X/m.tflite", "--base_path=X"], "--output: for --format=litert|onnx only"),
     (["--format=onnx", "--output=X/m.onnx", "--quantize=float16"], "not offered for --format=onnx"),
     (["--format=litert", "--output=X/m.onnx"], "must end in .tflite"),

@@ -427,9 +427,9 @@ def test_export_takes_model_keras_where_it_is_newer_than_every_readable_checkpoi
 
 
 @pytest.mark.parametrize("command", [
-    # A value only the live parse checks (a flag TensorFlow defines as it loads): train.py's own bad flags,
-    # absl's too, are refused before TensorFlow loads at all (test_help_and_flag_refusals_come_before_keras_loads).
-    [os.path.join(ROOT, "train.py"), "--hbm_oom_exit=no_such"],
+    # A refusal that comes after TensorFlow loads (TFDS's list of names): train.py's bad flags are refused
+    # before it loads at all (test_help_and_flag_refusals_come_before_keras_loads).
+    [os.path.join(ROOT, "train.py"), "--dataset=no_such_dataset", "--model_dir=runs/no_such"],
     ["-m", "keras_skipinit.sweep", "--methods=no_such_method"],
     ["-m", "keras_skipinit.analysis", "--no_such_flag"],  # warned about its own import (issue 46.8)
     [os.path.join(ROOT, "benchmarks", "serving_latency.py"), "--no_such_flag"],  # imports the package first
