@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -35,3 +36,20 @@ def test_the_report_is_the_paired_t_interval_and_the_equivalence_test(tmp_path, 
     loss = summary["batchnorm/train_cross_entropy"]
     assert loss["mean_difference"] == pytest.approx(0.01) and loss["equivalent_at_margin"] is True
     assert "equivalent within +-0.03: True" in capsys.readouterr().out
+
+
+def test_the_committed_paired_report_and_its_readme_are_what_the_runs_give(tmp_path):
+    """docs/jax_parity/paired: paired.json recomputed from runs.jsonl (64 runs, every seed paired), and the
+    README's intervals are paired.json's."""
+    folder = os.path.join(ROOT, "docs", "jax_parity", "paired")
+    shutil.copy(os.path.join(folder, "runs.jsonl"), tmp_path)
+    paired.report(str(tmp_path))
+    with open(os.path.join(folder, "paired.json")) as f:
+        committed = json.load(f)
+    assert json.loads((tmp_path / "paired.json").read_text()) == committed
+    assert all(committed[f"{m}/test_top1"]["pairs"] == 16 for m in paired.METHODS)
+    with open(os.path.join(folder, "README.md")) as f:
+        readme = f.read()
+    top1, loss = committed["skipinit/test_top1"], committed["batchnorm/train_cross_entropy"]
+    assert f"{top1['ci95'][0]:+.2f} .. {top1['ci95'][1]:+.2f}" in readme
+    assert f"{loss['ci90'][0]:+.4f} .. {loss['ci90'][1]:+.4f}" in readme and loss["equivalent_at_margin"]
