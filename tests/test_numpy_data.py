@@ -201,3 +201,20 @@ def test_records_of_encoded_images_give_the_batches_of_their_decoded_arrays():
                 np.testing.assert_array_equal(a, b)
         images, _ = packed.take([1], pil=True)
         assert isinstance(images[0], Image.Image) and images[0].size == (70, 130)
+
+
+def test_the_preprocessing_is_resolved_once_per_feed_not_per_batch(monkeypatch):
+    """Issue 88.5: a folder's inline statistics name ('mean_std(m/s)') was parsed again for every batch (three
+    times a training batch); a feed resolves it once and its batches use that entry."""
+    made = []
+    entry = preprocessing._mean_std_entry
+    monkeypatch.setattr(preprocessing, "_mean_std_entry", lambda *a: made.append(a) or entry(*a))
+    name = preprocessing.stats_name((120.0, 110.0, 100.0), (60.0, 55.0, 50.0))
+    images = np.random.default_rng(0).integers(0, 256, (12, 8, 8, 3), dtype=np.uint8)
+    train = numpy_data.train_batches(images, np.arange(12) % 3, 3, 4, epoch=0, prep=name)
+    x = [train[i][0] for i in range(3)]
+    evaluation = numpy_data.eval_batches(images, np.arange(12) % 3, 3, 4, prep=name)
+    x += [evaluation[i][0] for i in range(3)]
+    assert len(made) == 2  # once for each feed
+    want = (images[:4].astype(np.float32) - np.float32([120, 110, 100])) / np.float32([60, 55, 50])
+    np.testing.assert_allclose(x[3], want, rtol=1e-5)

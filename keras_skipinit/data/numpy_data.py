@@ -179,18 +179,18 @@ class EpochOrder:
 
 
 def augment(images, rngs, flip, prep=preprocessing.STANDARDIZE):
-    """`preprocessing`'s training augmentation (entry `prep`) of a uint8 batch:
+    """`preprocessing`'s training augmentation (`prep`: an entry or its name) of a uint8 batch:
     normalize each image, pad 4 with zeros (the mean), crop back at a random
     offset, flip left-right with probability 1/2 where `flip`. `rngs`: one
     generator per image (its draws depend on the image's place in the epoch
     only, so micro-batches of an accumulated step equal the whole batch).
     Where `prep` resizes (ImageNet-style; `images` may then be a list of
     any sizes): `random_resized_crop` each, then normalize."""
-    resized = preprocessing.get(prep).input_size
-    if resized is not None:
-        return preprocessing.get(prep).numpy(np.stack([
-            random_resized_crop(image, rng, resized, flip) for image, rng in zip(images, rngs)]))
-    x = preprocessing.get(prep).numpy(images)
+    prep = preprocessing.get(prep)
+    if prep.input_size is not None:
+        return prep.numpy(np.stack([random_resized_crop(image, rng, prep.input_size, flip)
+                                    for image, rng in zip(images, rngs)]))
+    x = prep.numpy(images)
     n, height, width, _ = x.shape
     padded = np.pad(x, ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)))
     u = np.array([rng.random(3) for rng in rngs]).reshape(n, 3)
@@ -214,9 +214,9 @@ def train_batch(images, labels, num_classes, order, step, epoch, seed=0, flip=Tr
     """Batch `step` of an epoch whose `EpochOrder` is `order`: (float32
     images, float32 one-hot labels), a function of (seed, epoch, step) only.
     `images`, `labels`: arrays, or `Records` and None."""
-    index = order[step]
+    index, prep = order[step], preprocessing.get(prep)
     first = step * len(index)  # the batch's place in the epoch
-    images, labels = _take(images, labels, index, pil=preprocessing.get(prep).input_size is not None)
+    images, labels = _take(images, labels, index, pil=prep.input_size is not None)
     x = augment(images, [np.random.default_rng([seed, epoch, first + i, 1]) for i in range(len(index))], flip,
                 prep)
     y = np.eye(num_classes, dtype=np.float32)[labels]
@@ -322,7 +322,7 @@ def train_batches(images, labels, num_classes, batch_size, epoch, seed=0, flip=T
     `keras.utils.PyDataset` that `fit` takes on every backend. `shard`:
     (index, count) of this process among JAX's; it gets its part of each
     global batch (`_part`), mixup included."""
-    order = EpochOrder(len(images), batch_size, epoch, seed, num_batches)
+    order, prep = EpochOrder(len(images), batch_size, epoch, seed, num_batches), preprocessing.get(prep)  # once
     return _batches(len(order) - skip_batches, lambda i: _part(
         train_batch(images, labels, num_classes, order, skip_batches + i, epoch, seed, flip, mixup_alpha, prep),
         shard), workers=_workers(labels))

@@ -64,11 +64,11 @@ def train_pipeline(dataset, batch_size, epoch, seed=0, mixup_alpha=0.0, skip_bat
     if sources.numpy_feed(dataset):
         return numpy_data.train_batches(*sources.pair(dataset.train), dataset.num_classes, batch_size, epoch, seed, dataset.flip,
                                         mixup_alpha, skip_batches, num_batches, shard=_process_shard(),
-                                        prep=dataset.preprocessing)
+                                        prep=dataset.prep)
     import tensorflow as tf
 
     num_classes = dataset.num_classes
-    augment = preprocessing.get(dataset.preprocessing).train
+    augment = dataset.prep.train
     shuffle_buffer = min(dataset.num_train, 10_000)
     per_pass = dataset.num_train // batch_size
     passes = 1 if num_batches is None else max(1, -(-num_batches * batch_size // dataset.num_train))
@@ -106,10 +106,10 @@ def eval_pipeline(dataset, batch_size, whole_batches=False):
     (the metrics are weighted: they see only the real examples)."""
     if sources.numpy_feed(dataset):
         return numpy_data.eval_batches(*sources.pair(dataset.test), dataset.num_classes, batch_size, whole_batches,
-                                       shard=_process_shard(), prep=dataset.preprocessing)
+                                       shard=_process_shard(), prep=dataset.prep)
     import tensorflow as tf
 
-    prep = preprocessing.get(dataset.preprocessing)
+    prep = dataset.prep
     ds = sources.as_tf_data(dataset.test).map(
         lambda image, label: (prep.eval(image), tf.one_hot(label, dataset.num_classes)),
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -293,7 +293,10 @@ def channel_stats(chunks):
 
 def get(name):
     """The `Preprocessing` called `name` (a `PREPROCESSINGS` entry, or a
-    `stats_name`), or a ValueError naming the choices."""
+    `stats_name`), or a ValueError naming the choices; a `Preprocessing`
+    is itself (resolved once, passed on)."""
+    if isinstance(name, Preprocessing):
+        return name
     if name in PREPROCESSINGS:
         return PREPROCESSINGS[name]
     match = _INLINE.fullmatch(name) if isinstance(name, str) else None

@@ -15,6 +15,7 @@ installed (`numpy_data.Records`, read per batch).
 
 import contextlib
 import dataclasses
+import functools
 import numbers
 import os
 import re
@@ -49,9 +50,14 @@ class Dataset:
     eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
     label_names: tuple = ()  # class names by label (TFDS's label feature; digits for the embedded default)
 
+    @functools.cached_property
+    def prep(self):
+        """The `preprocessing` entry itself, resolved once (a dataset replaced with another name resolves anew)."""
+        return preprocessing.get(self.preprocessing)
+
     @property
     def input_shape(self):
-        return preprocessing.get(self.preprocessing).input_shape(self.raw_shape)
+        return self.prep.input_shape(self.raw_shape)
 
     @property
     def in_memory(self):
