@@ -169,10 +169,6 @@ class Command:
                 self.error(words)
         return args
 
-    def given(self, name):
-        """Whether the last parse's command line named flag `name`."""
-        return bool(self.flag_values[name].present)
-
     def format_help(self):
         """The description and each flag: its help, choices and default."""
         lines = [self.description.rstrip(), "", "Flags:"]
