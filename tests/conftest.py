@@ -168,7 +168,7 @@ for argv in cases:
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            module.COMMAND.run(module.main)  # each parse starts from the defaults, as a new process does
+            sys.exit(module.main(module.parse()))  # as `run` does; each parse starts from the defaults
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:
@@ -190,7 +190,7 @@ def train_py_in_process(*argv):
 def run_cli_cases(name, cases, root, timeout=600):
     """The command `name` ("train" or "export") run once per argv in `cases`,
     all in one process (one TensorFlow start instead of one per case): the
-    command's own entry (`COMMAND.run`: flag parsing, main, exit status) as a new process runs it. Returns (status, stdout, stderr) per case."""
+    command's own parse and main, with exit status, as a new process runs them. Returns (status, stdout, stderr) per case."""
     import json
     import subprocess
     import sys

@@ -215,11 +215,11 @@ def _export_file(model, preprocessing, source, labels):
 def run():
     """Console entry point (keras-skipinit-export); `python -m export` calls it too."""
     from keras_skipinit.cli import startup
-    parsing.start(parsing.program("export"), f"{__name__}:parse", keras=False)
+    args = parsing.start(parsing.program("export"), f"{__name__}:parse", keras=False)
     parsing.exit_without_tensorflow("export")  # SavedModels are TensorFlow graphs
     startup.load_keras()
     import keras
 
     if keras.backend.backend() != "tensorflow":
         parsing.rerun_on_tensorflow()
-    COMMAND.run(main)
+    sys.exit(main(args))

@@ -27,24 +27,25 @@ def start(program, command=None, training=False, keras=True):
     scripts), before anything imports Keras: the backend checked
     (`startup.check_backend`); --help and bad flags answered by `command`
     ("module:function", the command's parse of argv; no such module imports
-    Keras); then, with `keras`, Keras loaded by `startup.load_keras`. Only
-    entry points call it: importing the package reads no command line
-    (issue 88.1)."""
+    Keras); then, with `keras`, Keras loaded by `startup.load_keras`. Returns
+    the parse's value (the command's settings): train.py and export run on it
+    (the sweep, analysis and quantization parse again in their main, which
+    their tests call with an argv). Only entry points call it: importing the
+    package reads no command line (issue 88.1)."""
     startup.check_backend(program, training)
-    if command:
-        preparse(command)
+    args = preparse(command) if command else None
     if keras:
         startup.load_keras()
+    return args
 
 
 def preparse(command, argv=None):
     """Help, or a one-line refusal with exit status 2, for this process's
     command line before Keras loads: `command` is "module:function", the
     function the command parses its argv with (the live flags, so nothing can
-    go stale; the parse after Keras loads repeats this one). Returns when the
-    flags parse."""
+    go stale). Returns what it returns when the flags parse."""
     module_name, _, function = command.partition(":")
-    getattr(importlib.import_module(module_name), function)(sys.argv[1:] if argv is None else list(argv))
+    return getattr(importlib.import_module(module_name), function)(sys.argv[1:] if argv is None else list(argv))
 
 
 def _flags_given(args):
@@ -79,14 +80,8 @@ class _Value(flags.ArgumentParser):
 
 
 def _builtin(convert):
-    """int and float as flag types: their error said as "expected an integer", not int()'s words."""
-    def parse(text):
-        try:
-            return convert(text)
-        except ValueError:
-            raise ValueError(f"expected {'an integer' if convert is int else 'a number'}, got {text!r}") from None
-
-    return parse
+    """int and float as flag types: their error said as "expected an integer" (`_number`), not int()'s words."""
+    return lambda text: _number(text, convert, lambda value: True, "an integer" if convert is int else "a number")
 
 
 class Command:
@@ -113,7 +108,7 @@ class Command:
             self.positional = (option, help, nargs == "+")
             return
         name = option[2:]
-        if action in ("store_true", "boolean"):
+        if action == "boolean":
             flags.DEFINE_boolean(name, bool(default), help, flag_values=self.flag_values, module_name=self.name)
         else:
             convert = _builtin(type) if type in (int, float) else type
@@ -133,13 +128,13 @@ class Command:
         every flag's value (and the positional argument's list); `defaults(values)`
         -> {name: value} for flags not given (a preset's). Refuses bad input
         (`error`); --help prints `format_help` and exits 0."""
-        argv = sys.argv[1:] if argv is None else list(argv)
+        argv = [f"--no{a[5:]}" if a.startswith("--no-") and a[5:] in self.names else a
+                for a in (sys.argv[1:] if argv is None else argv)]
         given = _flags_given(argv)
         if any(arg in HELP for arg in given):
             print_help(self.format_help())
         fv = self.flag_values
-        argv = [f"--no{a[5:]}" if a.startswith("--no-") and a[5:] in self.names else a for a in argv]
-        for arg in _flags_given(argv):
+        for arg in given:
             name = arg.lstrip("-").split("=", 1)[0]
             if name not in fv and not (name.startswith("no") and name[2:] in fv and fv[name[2:]].boolean):
                 self.error(f"unknown flag --{name}{did_you_mean(name, self.names)}")
@@ -193,11 +188,6 @@ class Command:
 
     def error(self, message):
         refuse(self.prog, f"{message} (--help lists the flags)")
-
-    def run(self, main):
-        """The command: its flags parsed from this process's argv, then
-        `main(args)`, whose return value is the exit status."""
-        sys.exit(main(self.parse_args()))
 
 
 def print_help(text):

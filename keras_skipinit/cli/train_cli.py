@@ -165,5 +165,4 @@ def _export_on_tensorflow(model_dir, export_dir, name):
 
 def run():
     """Console entry point (keras-skipinit-train); `python train.py` calls it too."""
-    parsing.start(parsing.program("train.py"), f"{__name__}:parse", training=True)
-    COMMAND.run(main)
+    sys.exit(main(parsing.start(parsing.program("train.py"), f"{__name__}:parse", training=True)))
