@@ -9,7 +9,7 @@
   results.json's "config"), each field declared once with its default, help,
   choices, bounds and checks (`setting`). Every command's flags
   (`add_arguments`), the resume check's reusable settings (`REUSABLE`), the sweep's experiment settings (`EXPERIMENT`) and the
-  generic checks of a Config (`check`) all derive from these fields.
+  generic checks of a Config (`check_settings`) all derive from these fields.
 
 The methods are `normalization.METHODS` (Keras-free too: a method's layers
 load when a model is built). Nothing here is generated or cached, so `--help`
@@ -129,16 +129,17 @@ MAX_EPOCHS, MAX_STEPS_PER_EPOCH, MAX_SEED = 10**6, 10**9, 2**32 - 1
 # --- the run settings -----------------------------------------------------------------------------------------
 
 def setting(default, help, *, section, choices=None, lower=None, upper=None, check=None, reusable=False,
-            experiment=False):
+            experiment=False, weights=False):
     """A `Config` field: its default, its section (`SECTIONS`) and its facts for the flags and checks.
     choices: a tuple, or a live table whose keys are the choices (the
     methods: one added at run time is a choice too). check: "positive" (> 0), or "float_or" (a float or one of `choices`);
     every float is also refused when not finite. reusable: a finished or
     interrupted run may be continued with another value (the resume check);
-    experiment: the sweep's runs of one folder share it."""
+    experiment: the sweep's runs of one folder share it; weights: the model's weights are laid out by it (a run
+    started from another's, --init_from, must share it: `WEIGHTS`)."""
     return dataclasses.field(default=default, metadata=dict(
         section=section, help=help, choices=choices, lower=lower, upper=upper, check=check,
-        reusable=reusable, experiment=experiment))
+        reusable=reusable, experiment=experiment, weights=weights))
 
 
 def _method_option(option):
@@ -151,12 +152,13 @@ class Config:
     """A training run's settings (`training.train`); each is train.py's flag of the same name."""
 
     model: str = setting("wrn", "Architecture: " + "; ".join(f"{n}: {a.title}" for n, a in ARCHITECTURES.items()) + ".",
-                         choices=MODELS, experiment=True, section="model")
+                         choices=MODELS, experiment=True, section="model", weights=True)
     depth: int = setting(16, "Depth; " + "; ".join(f"{n}: {a.depths}" for n, a in ARCHITECTURES.items()) + ".",
-                         section="model")
-    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", lower=1, experiment=True, section="model")
+                         section="model", weights=True)
+    width: int = setting(1, "WRN widening factor k (ignored for ResNets).", lower=1, experiment=True, section="model",
+                         weights=True)
     normalization: str = setting("skipinit", "How residual blocks are normalized.", choices=norm_lib.METHODS,
-                                 section="method")
+                                 section="method", weights=True)
     alpha_init: str | float | None = setting(None, _method_option("alpha_init"), choices=norm_lib.ALPHA_INIT_NAMES,
                                              check="float_or", section="method")
     ghost_batch_size: int | None = setting(None, _method_option("ghost_batch_size"), lower=1, experiment=True,
@@ -184,7 +186,7 @@ class Config:
                          "--normalization=none).", section="model")
     loop_blocks: bool = setting(False, "Run each stage's identical residual blocks as one loop over stacked weights: "
                                 "graph size, build and trace time independent of depth (keras_skipinit.looped).",
-                                section="model")
+                                section="model", weights=True)
     remat: bool = setting(False, "With --loop_blocks: recompute each block in the backward pass (less memory).",
                           section="model")
     dropout: float | None = setting(None, "Dropout before the classifier (default 0.6 WRN / 0.2 ResNet for "
@@ -275,6 +277,7 @@ class Config:
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 REUSABLE = tuple(n for n, f in FIELDS.items() if f.metadata["reusable"])  # may change when a run is continued
 EXPERIMENT = tuple(n for n, f in FIELDS.items() if f.metadata["experiment"])  # one sweep folder's runs share them
+WEIGHTS = tuple(n for n, f in FIELDS.items() if f.metadata["weights"])  # the weights' layout; recorded in a .keras
 # A run's settings by concern, each taken whole by the code it is for: the model (and its starting weights), the
 # normalization method and its options, the data, the optimization, the run's own (where, how, how verbose).
 SECTIONS = {name: tuple(n for n, f in FIELDS.items() if f.metadata["section"] == name)
@@ -335,7 +338,7 @@ def value_error(name, value):
     return None
 
 
-def check(config):
+def check_settings(config):
     """Raises ValueError for the first setting of `config` outside its field's
     kind, choices or bounds (NaN and infinity included), or for settings that
     contradict each other (`across_error`)."""

@@ -102,7 +102,7 @@ def test_imagenet_weights_offline_are_one_line_saying_where_to_put_them(monkeypa
     with pytest.raises(ValueError, match=re.escape(words)):
         apps.ResNet50V2(weights="imagenet", include_top=False, input_shape=(64, 64, 3))
     with pytest.raises(ValueError, match=re.escape(words)):
-        finetune._source(finetune.IMAGENET, None, "ResNet50V2")
+        finetune.source_for(finetune.IMAGENET).load(finetune.IMAGENET, None, "ResNet50V2")
 
 
 @pytest.mark.heavy

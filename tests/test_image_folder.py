@@ -302,6 +302,20 @@ def test_a_folder_trains_and_its_class_names_go_with_the_run(tmp_path, capsys):
     assert predict.load(str(alone)).labels == {0: "one", 1: "seven", 2: "zero"}
 
 
+def test_a_folder_is_told_once_per_load_and_its_path_comes_with_its_data(tmp_path, monkeypatch):
+    """`load` asks once which source a name is (a folder was told twice: for its own statistics and by
+    `SOURCES`), and a folder's absolute path comes with its Dataset (model_spec.json records it for export,
+    issue 91.21) rather than being told again from the name."""
+    root = write_folder(tmp_path / "f", per_class=(8, 2))
+    asked = []
+    looks = image_folder.looks_like_folder
+    monkeypatch.setattr(image_folder, "looks_like_folder", lambda name: asked.append(name) or looks(name))
+    monkeypatch.chdir(tmp_path)
+    dataset = data_lib.load("f", preprocessing_choice="mean_std")
+    assert asked == ["f"] and dataset.folder == str(root)
+    assert data_lib.load(data_lib.EMBEDDED).folder is None
+
+
 def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):
     """--preprocessing=mean_std on a folder: per-channel mean and std of the
     images it trains on (not the held-out ones), computed by hand here; the

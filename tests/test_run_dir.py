@@ -202,7 +202,8 @@ def test_a_killed_run_resumed_with_another_method_is_refused(tmp_path, monkeypat
     def killed(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(trainer.pipelines, "eval_pipeline", killed)  # killed once its model_spec.json is written
+    for feed in (trainer.pipelines.TFData, trainer.pipelines.NumPy):  # killed once its model_spec.json is written
+        monkeypatch.setattr(feed, "eval", killed)
     with pytest.raises(Killed):
         trainer.train(config)
     monkeypatch.undo()

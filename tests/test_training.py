@@ -274,15 +274,26 @@ def test_a_larger_evaluation_batch_evaluates_the_same_model_alike(tmp_path, monk
     """--eval_batch_size: the evaluation's batches have that size, and the same trained weights score the
     same (up to float rounding) as with the training batch's."""
     sizes = []
-    eval_pipeline = pipelines.eval_pipeline
-    monkeypatch.setattr(pipelines, "eval_pipeline", lambda dataset, batch_size, **kw: (
-        sizes.append(batch_size), eval_pipeline(dataset, batch_size, **kw))[1])
+    for feed in (pipelines.TFData, pipelines.NumPy):  # the run's feed, whichever the backend chose
+        monkeypatch.setattr(feed, "eval", lambda self, batch_size, _eval=feed.eval, **kw: (
+            sizes.append(batch_size), _eval(self, batch_size, **kw))[1])
     common = dict(epochs=1, steps_per_epoch=2, normalization="skipinit", alpha_init="one", learning_rate=0.05)
     small = trainer.train(small_config(tmp_path / "a", **common))
     large = trainer.train(small_config(tmp_path / "b", eval_batch_size=500, **common))
     assert sizes == [trainer.Config().batch_size, 500]
     assert large["eval_top1"] == pytest.approx(small["eval_top1"], abs=1e-3)  # 1 image in 1,000
     assert large["eval_cross_entropy"] == pytest.approx(small["eval_cross_entropy"], rel=1e-4)
+
+
+@pytest.mark.heavy
+def test_a_run_chooses_its_feed_once(tmp_path, monkeypatch):
+    """Issue 88.4: a run's feed (tf.data or NumPy, `pipelines.Feed`) is chosen once; every epoch's batches and
+    each evaluation come from it (the choice was asked again for every epoch and evaluation)."""
+    asked = []
+    numpy_feed = data_lib.numpy_feed
+    monkeypatch.setattr(data_lib, "numpy_feed", lambda dataset: asked.append(dataset.name) or numpy_feed(dataset))
+    results = trainer.train(small_config(tmp_path, epochs=2, steps_per_epoch=2))
+    assert results["epochs_completed"] == 2 and asked == [data_lib.EMBEDDED]
 
 
 @pytest.mark.heavy

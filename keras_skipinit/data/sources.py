@@ -49,6 +49,7 @@ class Dataset:
     flip: bool
     eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
     label_names: tuple = ()  # class names by label (TFDS's label feature; digits for the embedded default)
+    folder: str = None  # a folder of images' absolute path (recorded for export: issue 91.21); None for other sources
 
     @functools.cached_property
     def prep(self):
@@ -201,16 +202,17 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     last N held out and evaluated on instead of the test split (`train_examples` then counts the rest).
     `preprocessing_choice`: None (the images' own: `preprocessing.for_images`), 'standardize' or 'mean_std'
     (`preprocessing.choose`; a folder's statistics are its own training images')."""
-    own_stats = image_folder.looks_like_folder(name)
-    if preprocessing_choice is not None:  # a bad choice fails before the data is read (stand-in statistics)
-        preprocessing.choose(preprocessing_choice, name, (1, 1, 1) if preprocessing_choice in preprocessing.CHOICES
-                             else (None, None, 3), stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
     for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
     gray = name[: -len(RGB32)] if name.endswith(RGB32) else None
     request = Request(gray or name, data_dir, manual_dir, train_examples, validation_examples or 0, folder or {})
-    dataset = next(source for source in SOURCES if source.matches(request)).read(request)
+    source = next(source for source in SOURCES if source.matches(request))
+    own_stats = source.kind == "folder"  # mean_std from its own training images
+    if preprocessing_choice is not None:  # a bad choice fails before the data is read (stand-in statistics)
+        preprocessing.choose(preprocessing_choice, name, (1, 1, 1) if preprocessing_choice in preprocessing.CHOICES
+                             else (None, None, 3), stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
+    dataset = source.read(request)
     if gray is not None:
         dataset = _as_rgb32(dataset, name)
     if preprocessing_choice is None:
@@ -227,8 +229,8 @@ def _read_folder(request):
               f"{read.skipped[0]}", flush=True)
     dataset = _in_memory(request.name, read.train, read.test, request.train_examples, request.held_out, flip=True,
                          label_names=read.classes)
-    return dataset if request.held_out or read.eval_split == "test" else dataclasses.replace(
-        dataset, eval_split="validation")
+    return dataclasses.replace(dataset, folder=os.path.abspath(os.path.expanduser(request.name)),
+                               eval_split=dataset.eval_split if request.held_out or read.eval_split == "test" else "validation")
 
 
 def _read_embedded(request):

@@ -28,6 +28,7 @@ class Checkpoint:
         self.directory = directory
         self.write_directory = write_directory or directory
         self.keep = keep
+        self.state = {}  # the restored checkpoint's state.json (`restore`)
 
     @classmethod
     def _list(cls, directory):
@@ -63,14 +64,11 @@ class Checkpoint:
             if name.startswith("tmp-"):
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
-    @classmethod
-    def read_state(cls, path):
-        """The state.json of the checkpoint at `path` (what `save` was given)."""
-        return files.read_json(os.path.join(path, cls.STATE))
-
     def restore(self, model, with_optimizer=True):
         """Loads the newest readable checkpoint into `model`; returns its
-        (epoch, step_in_epoch) and path, or (0, 0) and None if there is none."""
+        (epoch, step_in_epoch) and path, or (0, 0) and None if there is none.
+        Its state.json (what `save` was given) is then `self.state`."""
+        self.state = {}
         candidates = self.all()
         if not candidates:
             return (0, 0), None
@@ -87,6 +85,7 @@ class Checkpoint:
                 continue
             if failures:
                 print(f"Warning: unreadable checkpoint {failures[-1]}; restored {path} instead.", file=sys.stderr)
+            self.state = state
             return (state["epoch"], state["step_in_epoch"]), path
         raise ValueError(
             f"no readable checkpoint in {self.directory}: {'; '.join(failures)}. Delete {self.directory} to start "

@@ -22,12 +22,14 @@ run's first start loads the source: a resumed run continues from its own
 checkpoint.
 """
 
+import dataclasses
 import os
+from typing import Callable
 
 from keras_skipinit import normalization, spec
 
 HEAD = ("predictions", "predictions_bias")  # BlockOps.head's layers
-SAME = ("model", "depth", "width", "normalization", "loop_blocks")  # what a model_dir or train.py .keras source records
+SAME = spec.WEIGHTS  # the settings a source must share (a model_dir or train.py's .keras file records them)
 NEEDS = "the same " + ", ".join(f"--{name}" for name in SAME) + " and image channels"  # what a source must share
 
 
@@ -40,22 +42,19 @@ def check(config):
         return
     if config.lsuv:
         raise ValueError("lsuv initializes a model from scratch; --init_from starts it from another run's weights")
-    if config.init_from == IMAGENET:
-        _check_imagenet(config)
-        return
-    from keras_skipinit.training import run_dir
     path = config.init_from
-    own, source = os.path.realpath(config.model_dir), os.path.realpath(path)
-    if os.path.commonpath([own, source]) == own:  # --restart deleted it before failing to read it (issue 91.11)
-        raise ValueError(f"--init_from={path} is this run's own --model_dir{' (or in it)' if own != source else ''}: "
-                         "a run starts from another run's weights" + (", and --restart would delete them first"
-                                                                      if config.restart else ""))
-    if os.path.isdir(path):
-        if not os.path.exists(os.path.join(path, run_dir.SPEC)):
-            raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
-    elif not os.path.isfile(path) or not path.endswith((".keras", WEIGHTS)):
-        raise ValueError(f"--init_from={path}: no such train.py model_dir, .keras or {WEIGHTS} file")
-    recorded = _record(path)[0]
+    if path != IMAGENET:
+        own, source = os.path.realpath(config.model_dir), os.path.realpath(path)
+        if os.path.commonpath([own, source]) == own:  # --restart deleted it before failing to read it (issue 91.11)
+            raise ValueError(f"--init_from={path} is this run's own --model_dir{' (or in it)' if own != source else ''}"
+                             ": a run starts from another run's weights" + (
+                                 ", and --restart would delete them first" if config.restart else ""))
+    source_for(path).check(config, path)
+
+
+def _check_same(config, path):
+    """A source that records its model's settings (`SAME`) recorded this run's."""
+    recorded = source_for(path).record(path).settings
     differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
               if recorded.get(k, getattr(config, k)) != getattr(config, k)]
     if differ:
@@ -66,7 +65,7 @@ WEIGHTS = ".weights.h5"  # model.save_weights' files
 IMAGENET = spec.IMAGENET_WEIGHTS  # --init_from's keras.applications ImageNet weights
 
 
-def _check_imagenet(config):
+def _check_imagenet(config, path=IMAGENET):
     """--init_from=imagenet: keras.applications' weights exist for its
     networks, the ResNets with BatchNorm (or Ghost BatchNorm) blocks as they
     are, and take their own input scaling (`data.load_for` chooses it)."""
@@ -98,25 +97,33 @@ def _classes_in_weights(path):
                          "(model.save_weights of a model with its top)") from None
 
 
-def _source(path, rebuild, keras_application=None):
-    from keras_skipinit.training import model_files
-    if path == IMAGENET:  # downloaded by Keras on first use, then cached (~/.keras/models)
-        from keras_skipinit.applications import _base
+def _imagenet(path, rebuild, keras_application):
+    from keras_skipinit.applications import _base  # downloaded by Keras on first use, then cached (~/.keras/models)
 
-        return _base.keras_imagenet(keras_application), (
-            f"keras.applications.{keras_application}'s ImageNet weights")
-    if os.path.isdir(path):
-        model, _, description = model_files.newest_model(path)
-        return model, f"{path} ({description})"
-    if path.endswith(WEIGHTS):
-        model = rebuild(_classes_in_weights(path))
-        _check_weights_layout(path, model)
-        try:
-            model.load_weights(path)
-        except ValueError as e:  # another architecture's layers
-            raise ValueError(f"--init_from={path} holds the weights of another model ({str(e).splitlines()[0]}): "
-                             f"it needs {NEEDS}") from None
-        return model, path
+    return _base.keras_imagenet(keras_application), f"keras.applications.{keras_application}'s ImageNet weights"
+
+
+def _model_dir(path, rebuild, keras_application):
+    from keras_skipinit.training import model_files
+
+    model, _, description = model_files.newest_model(path)
+    return model, f"{path} ({description})"
+
+
+def _weights_file(path, rebuild, keras_application):
+    model = rebuild(_classes_in_weights(path))
+    _check_weights_layout(path, model)
+    try:
+        model.load_weights(path)
+    except ValueError as e:  # another architecture's layers
+        raise ValueError(f"--init_from={path} holds the weights of another model ({str(e).splitlines()[0]}): "
+                         f"it needs {NEEDS}") from None
+    return model, path
+
+
+def _keras_file(path, rebuild, keras_application):
+    from keras_skipinit.training import model_files
+
     return model_files.load_keras(path), path
 
 
@@ -176,9 +183,10 @@ def load_into(model, path, rebuild, labels=None, keras_application=None):
     run's architecture with another class count (for a weights file);
     `labels`: this run's class names; `keras_application`: the
     keras.applications network whose ImageNet weights `path` "imagenet" names."""
-    from keras_skipinit.training import model_files
-    source, description = _source(path, rebuild, keras_application)
-    their_labels = None if path == IMAGENET else model_files.recorded_labels(path, source.output_shape[-1])
+    kind = source_for(path)
+    record = kind.record(path)
+    source, description = kind.load(path, rebuild, keras_application)
+    their_labels = record.labels if record.labels and len(record.labels) == source.output_shape[-1] else None
     order = class_order(their_labels, labels, source.output_shape[-1], model.output_shape[-1])
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []
@@ -203,7 +211,7 @@ def load_into(model, path, rebuild, labels=None, keras_application=None):
                          + f" no place in this model: the source needs {NEEDS}")
     for layer in body:
         layer.set_weights(theirs[layer.name])
-    unchecked = ("" if path == IMAGENET or _record(path)[0] else  # a weights file, a .keras file not from train.py
+    unchecked = ("" if record.known else  # a weights file, a .keras file not from train.py
                  f"\nNote: --init_from={path} records no settings or preprocessing: its layers match this model's, "
                  "so its method (methods whose layers coincide, /sqrt(2) and no scaling, differ only in settings) "
                  "and preprocessing are taken to be this run's.")
@@ -261,26 +269,91 @@ def _names(labels, shown=4):
     return ", ".join(map(str, labels[:shown])) + (f", ... {len(labels) - shown} more" if len(labels) > shown else "")
 
 
-def _record(path):
-    """(model settings, preprocessing) a source records: a model_dir's spec, a
-    .keras file train.py saved; ({}, None) where there are none (a weights file)."""
-    from keras_skipinit.training import model_files, run_dir
-    if os.path.isdir(path):
-        spec = run_dir.read_spec(path)
-        return spec["config"], spec.get("preprocessing")
-    metadata = (model_files.keras_metadata(path) if path.endswith(".keras") else None) or {}
-    return metadata.get("settings") or {}, metadata.get("preprocessing")
-
-
 def preprocessing_note(path, preprocessing):
     """A line where the source (a model_dir, or a .keras file train.py saved)
     was trained on other input preprocessing than this run's, else None: its
-    first layers learned inputs scaled otherwise (a weights file records none)."""
-    theirs = None if path == IMAGENET else _record(path)[1]  # ImageNet's: the run's own (`data.load_for`)
+    first layers learned inputs scaled otherwise (a weights file records none;
+    ImageNet's is the run's own: `data.load_for`)."""
+    theirs = source_for(path).record(path).preprocessing
     if theirs is None or theirs == preprocessing:
         return None
     return (f"Note: --init_from={path} was trained on inputs preprocessed by {theirs}; this run's are by "
             f"{preprocessing} (--preprocessing chooses).")
+
+
+# --- the kinds of source, as a table ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What a source records of the run that made it: the model's settings (`SAME`), its preprocessing and class
+    names; `known`: whether it records settings at all (a weights file, a .keras file not saved by train.py: no)."""
+
+    settings: dict
+    preprocessing: str | None = None
+    labels: list | None = None
+    known: bool = True
+
+
+def _spec_record(path):
+    from keras_skipinit.training import run_dir
+
+    spec = run_dir.read_spec(path)
+    return Record(spec["config"], spec.get("preprocessing"), spec.get("labels"))
+
+
+def _keras_record(path):
+    from keras_skipinit.training import model_files
+
+    metadata = model_files.keras_metadata(path) or {}
+    settings = metadata.get("settings") or {}
+    return Record(settings, metadata.get("preprocessing"), metadata.get("labels"), known=bool(settings))
+
+
+def _no_spec(config, path):
+    from keras_skipinit.training import run_dir
+
+    if not os.path.exists(os.path.join(path, run_dir.SPEC)):
+        raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
+    _check_same(config, path)
+
+
+def _a_file(config, path):
+    if not os.path.isfile(path):
+        _nothing(config, path)
+    _check_same(config, path)
+
+
+def _nothing(config, path):
+    raise ValueError(f"--init_from={path}: no such train.py model_dir, .keras or {WEIGHTS} file")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A kind of --init_from source: which paths it takes (`takes`), its
+    check before any work (`check(config, path)`), its model and a line
+    naming it (`load(path, rebuild, keras_application)`: the module
+    docstring) and what it records (`record(path)`)."""
+
+    kind: str
+    takes: Callable
+    check: Callable
+    load: Callable
+    record: Callable
+
+
+SOURCES = (  # the first that takes a path is its kind
+    Source("imagenet", lambda path: path == IMAGENET, _check_imagenet, _imagenet, lambda path: Record({})),
+    Source("model_dir", os.path.isdir, _no_spec, _model_dir, _spec_record),
+    Source("weights", lambda path: path.endswith(WEIGHTS), _a_file, _weights_file,
+           lambda path: Record({}, known=False)),
+    Source(".keras", lambda path: path.endswith(".keras"), _a_file, _keras_file, _keras_record),
+    Source("none", lambda path: True, _nothing, None, None),
+)
+
+
+def source_for(path):
+    """The `SOURCES` entry of an --init_from value."""
+    return next(source for source in SOURCES if source.takes(path))
 
 
 def freeze_backbone(model):

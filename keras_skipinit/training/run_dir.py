@@ -26,7 +26,6 @@ import sys
 import keras
 
 from keras_skipinit import applications, compat, files, spec
-from keras_skipinit.data import image_folder
 from keras_skipinit.training.checkpoint import Checkpoint
 
 SPEC = "model_spec.json"
@@ -215,10 +214,9 @@ def write_spec(model_dir, config, model_args, dataset, backend):
         "model": model_args,
         "preprocessing": dataset.preprocessing,
         "labels": list(dataset.label_names),  # class names, for exports (serving's top_k_labels, labels.txt)
-        "data": _data_record(dataset),  # what a resumed run checks it still trains on (check_same_data)
+        "data": _data_record(dataset),  # what a resumed run checks it still trains on (continued_data)
         # A folder --dataset as an absolute path: export run elsewhere finds it (issue 91.21); --dataset stays as given
-        **({"dataset_folder": os.path.abspath(os.path.expanduser(dataset.name))}
-           if image_folder.looks_like_folder(dataset.name) else {}),
+        **({"dataset_folder": dataset.folder} if dataset.folder else {}),
         "backends": backends,
     })
     return backends
@@ -228,33 +226,42 @@ def _data_record(dataset):
     return {"num_train": dataset.num_train, "num_test": dataset.num_test}
 
 
-def _continues(model_dir):
-    """Whether model_dir holds a run that a start continues (a spec and a checkpoint)."""
-    return os.path.exists(os.path.join(model_dir, SPEC)) and bool(Checkpoint(os.path.join(model_dir, CHECKPOINTS)).all())
+def continued_data(model_dir, dataset, checkpoints, check=True):
+    """The data a run continues on, where model_dir holds one that a start
+    continues (a spec, and `checkpoints`: `Checkpoint.all()`'s), read from its spec once:
 
+    - `check`: refuses data other than the run started on: a folder given or
+      relieved of images or classes since, a TFDS data_dir prepared otherwise.
+      Compared: the example counts and the class names (an image replaced by
+      another is not seen; a run recorded before its data was is not checked).
+    - `dataset` with the preprocessing the run recorded: a folder's mean_std
+      statistics are computed from its training images at each start, and an
+      image replaced since gave a continuation other statistics than its first
+      epochs (issue 91.8).
 
-def check_same_data(model_dir, dataset):
-    """Refuses to resume a run (a checkpoint exists) on data other than it
-    started on: a folder given or relieved of images or classes since, a
-    TFDS data_dir prepared otherwise. Compared: the example counts and the
-    class names (an image replaced by another is not seen). A run recorded
-    before its data was is not checked."""
-    if not _continues(model_dir):
-        return
+    Returns (dataset, a note where the preprocessing differs, else None)."""
+    if not (checkpoints and os.path.exists(os.path.join(model_dir, SPEC))):
+        return dataset, None
     recorded = read_spec(model_dir)
     then, now = recorded.get("data"), _data_record(dataset)
-    if then is None:
-        return
-    changes = [f"{then[k]} {what} then, {now[k]} now" for k, what in (("num_train", "training examples"),
-                                                                        ("num_test", "evaluation examples"))
-               if then.get(k) != now[k]]
-    if recorded.get("labels") is not None and list(recorded["labels"]) != list(dataset.label_names):
+    changes = [] if then is None or not check else [
+        f"{then[k]} {what} then, {now[k]} now" for k, what in (("num_train", "training examples"),
+                                                               ("num_test", "evaluation examples"))
+        if then.get(k) != now[k]]
+    if then is not None and check and recorded.get("labels") is not None and \
+            list(recorded["labels"]) != list(dataset.label_names):
         changes.append(f"classes {', '.join(map(str, recorded['labels']))} then, "
                        f"{', '.join(map(str, dataset.label_names))} now")
     if changes:
         raise ValueError(f"--dataset={dataset.name} is not the data the run in {model_dir} started on "
                          f"({'; '.join(changes)}): resuming would train on other images. Use a new --model_dir, or "
                          "--restart to discard that run")
+    preprocessing = recorded.get("preprocessing")
+    if preprocessing is None or preprocessing == dataset.preprocessing:
+        return dataset, None
+    note = (f"Note: the run in {model_dir} continues with the preprocessing it started with, {preprocessing}; its "
+            f"images give {dataset.preprocessing} now")
+    return dataclasses.replace(dataset, preprocessing=preprocessing), note
 
 
 def check_classifier(model, source):
@@ -270,22 +277,6 @@ def check_classifier(model, source):
         made = f" by its {type(last[-1]).__name__} layer {last[-1].name!r}" if last and len(outputs) == 1 else ""
         raise ValueError(f"{source} outputs {shapes}{made}: features, not class scores; it needs a classifier head "
                          "(a model built with include_top=False or pyramid_outputs=True has none)")
-
-
-def continued_preprocessing(model_dir, dataset):
-    """`dataset` with the preprocessing its run recorded where the run
-    continues (a checkpoint exists): a folder's mean_std statistics are
-    computed from its training images at each start, and an image replaced
-    since gave a continuation other statistics than its first epochs
-    (issue 91.8). Returns (dataset, a note where they differ, else None)."""
-    if not _continues(model_dir):
-        return dataset, None
-    recorded = read_spec(model_dir).get("preprocessing")
-    if recorded is None or recorded == dataset.preprocessing:
-        return dataset, None
-    note = (f"Note: the run in {model_dir} continues with the preprocessing it started with, {recorded}; its "
-            f"images give {dataset.preprocessing} now")
-    return dataclasses.replace(dataset, preprocessing=recorded), note
 
 
 def results_record(config, dataset, metrics, diverged, **figures):

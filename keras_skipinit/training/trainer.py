@@ -47,7 +47,7 @@ Config = spec.Config  # a run's settings, each declared once there (default, hel
 def validate(config):
     """Raises ValueError naming the allowed values for any bad setting."""
     c = config
-    spec.check(c)  # each setting's kind, choices and bounds, as its flag has them (NaN and infinity refused)
+    spec.check_settings(c)  # each setting's kind, choices and bounds, as its flag has them (NaN and infinity refused)
     arch = applications.architecture(c.model)
     norm_lib.check_method(c.normalization, preactivation=arch.preactivation, **method_options(c))
     applications.registry.check_options(c.model, shortcut=c.shortcut, stem_init=c.stem_init)
@@ -123,6 +123,7 @@ class _Process:
     start: float
     interrupt: Interrupt
     chief: bool
+    checkpoint: Checkpoint  # model_dir's checkpoints (a non-chief worker writes its own in out_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,17 +133,17 @@ class _Data:
     dataset: object
     micro_batch: int  # examples per micro-step (gradient accumulation: SkipInit §3)
     micro_steps: int  # micro-steps per epoch
-    feed: str  # "tf.data" or "NumPy": each orders an epoch's examples its own way
+    feed: pipelines.Feed  # its batches (`Feed.name`: tf.data or NumPy, each orders an epoch's examples its own way)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Start:
     """Where training starts (`_start_or_restore`)."""
 
-    checkpoint: Checkpoint
     epoch: int  # epochs done
     skip: int  # micro-steps of the next epoch done
     restored: str  # the checkpoint resumed from, or None
+    state: dict  # its state.json ({} where none): what the run carries from process to process (`_carry_records`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +171,9 @@ def _train(config, distribution, out_dir, start, interrupt):
     """The run itself, a line of steps that take and return values: its data, its model (built, or
     restored from model_dir's checkpoint), its records carried on, the epoch loop, the results.
     Returns results.json's record, or `_interrupted`'s."""
-    process = _Process(distribution, out_dir, start, interrupt, chief=distribution.chief)
+    process = _Process(distribution, out_dir, start, interrupt, chief=distribution.chief,
+                       checkpoint=Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
+                                             os.path.join(out_dir, run_dir.CHECKPOINTS)))
     data = _set_up_data(config, process)
     model = _build(config, process, data)
     begun = _start_or_restore(config, process, data, model)
@@ -184,16 +187,11 @@ def _train(config, distribution, out_dir, start, interrupt):
 def _set_up_data(config, process):
     distribution, chief = process.distribution, process.chief
     dataset = data_lib.load_for(config)
-    if chief:
-        run_dir.check_same_data(config.model_dir, dataset)
-    dataset, note = run_dir.continued_preprocessing(config.model_dir, dataset)  # a continued run's recorded one
+    dataset, note = run_dir.continued_data(config.model_dir, dataset, process.checkpoint.all(), check=chief)
     if note and chief:
         print(note, flush=True)
-    if chief and data_lib.image_folder.looks_like_folder(config.dataset):
+    if chief and dataset.folder:
         print(data_lib.described(dataset), flush=True)
-    numpy_feed = data_lib.numpy_feed(dataset)
-    if numpy_feed:
-        distribution.feed_sharded_by_us()
     replicas = distribution.replicas
     micro_batch = config.batch_size // config.accumulation_steps
     if micro_batch % replicas:
@@ -204,7 +202,10 @@ def _set_up_data(config, process):
         raise ValueError(f"batch_size {config.batch_size} exceeds the {dataset.num_train} training examples")
     pipelines.check_passes(dataset, config.batch_size, config.steps_per_epoch)
     micro_steps = (config.steps_per_epoch or dataset.num_train // config.batch_size) * config.accumulation_steps
-    return _Data(dataset, micro_batch, micro_steps, "NumPy" if numpy_feed else "tf.data")
+    feed = pipelines.feed(dataset)  # chosen once: every epoch's batches and the evaluation's
+    if feed.sharded_by_us:
+        distribution.feed_sharded_by_us()
+    return _Data(dataset, micro_batch, micro_steps, feed)
 
 
 def _build(config, process, data):
@@ -231,8 +232,7 @@ def _start_or_restore(config, process, data, model):
     there is one (a resumed run continues, fine-tuning runs too), else
     --init_from's and LSUV's on the initializers'."""
     with process.distribution.scope():
-        checkpoint = Checkpoint(os.path.join(config.model_dir, run_dir.CHECKPOINTS),
-                                os.path.join(process.out_dir, run_dir.CHECKPOINTS))
+        checkpoint = process.checkpoint
         first_start = not checkpoint.all()
         if config.init_from and first_start:
             started = finetune.load_into(model, config.init_from, lambda classes: build_model(
@@ -242,10 +242,10 @@ def _start_or_restore(config, process, data, model):
                 note = finetune.preprocessing_note(config.init_from, data.dataset.preprocessing)
                 print(started + (f"\n{note}" if note else ""), flush=True)
         if config.lsuv and first_start:
-            images, _ = pipelines.first_batch(pipelines.train_pipeline(data.dataset, data.micro_batch, 0, config.seed))
+            images, _ = pipelines.first_batch(data.feed.train(data.micro_batch, 0, config.seed))
             lsuv.lsuv_init(model, images, seed=config.seed)
         (epoch, skip), restored = checkpoint.restore(model)  # builds the optimizer's variables
-    return _Start(checkpoint, epoch, skip, restored)
+    return _Start(epoch, skip, restored, checkpoint.state)
 
 
 def _carry_records(config, process, data, begun):
@@ -253,11 +253,11 @@ def _carry_records(config, process, data, begun):
     far travel in every checkpoint: history.csv is rebuilt from the one
     resumed from (a kill between a checkpoint and its row loses nothing)."""
     out_dir, chief = process.out_dir, process.chief
-    state = Checkpoint.read_state(begun.restored) if begun.restored else {}
-    if begun.skip and state.get("feed", data.feed) != data.feed:
+    state = begun.state
+    if begun.skip and state.get("feed", data.feed.name) != data.feed.name:
         raise ValueError(
             f"{begun.restored} was written mid-epoch by a run fed by {state['feed']} (its backend's data route); "
-            f"{process.distribution.name} here feeds by {data.feed}, which orders the epoch's examples otherwise, so "
+            f"{process.distribution.name} here feeds by {data.feed.name}, which orders the epoch's examples otherwise, so "
             "the epoch would train some examples twice and others never. Resume it on the backend that wrote it; "
             "a checkpoint at an epoch's end resumes on either")
     backends = run_dir.write_spec(out_dir, dataclasses.asdict(config), model_args(config, data.dataset),
@@ -283,8 +283,8 @@ def _carry_records(config, process, data, begun):
 
 
 def _eval_data(config, process, data):
-    eval_ds = pipelines.eval_pipeline(data.dataset, config.eval_batch_size or data.micro_batch,
-                                      whole_batches=process.distribution.pads_evaluation)
+    eval_ds = data.feed.eval(config.eval_batch_size or data.micro_batch,
+                             whole_batches=process.distribution.pads_evaluation)
     # Said explicitly: over several JAX processes Keras re-batches and shards the set, which loses its
     # length, and then warns "Your input ran out of data" at its normal end.
     return eval_ds, pipelines.num_batches(eval_ds)
@@ -296,8 +296,8 @@ def _epoch_loop(config, process, data, model, begun, records, eval_ds, eval_step
     epoch, skip, partial_logs, rows = begun.epoch, begun.skip, records.partial_logs, list(records.rows)
 
     def save(epoch, step, partial_logs=None):
-        begun.checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
-                              wall_time_s=records.earlier_s + time.time() - process.start, feed=data.feed)
+        process.checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
+                              wall_time_s=records.earlier_s + time.time() - process.start, feed=data.feed.name)
 
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
@@ -310,8 +310,8 @@ def _epoch_loop(config, process, data, model, begun, records, eval_ds, eval_step
         if skip < data.micro_steps:
             monitor = TrainingMonitor(save, epoch, skip, config.checkpoint_steps, data.micro_steps, partial_logs,
                                       interrupt)
-            train_ds = pipelines.train_pipeline(data.dataset, data.micro_batch, epoch, config.seed,
-                                                config.mixup_alpha, skip, num_batches=data.micro_steps)
+            train_ds = data.feed.train(data.micro_batch, epoch, config.seed, config.mixup_alpha, skip,
+                                       num_batches=data.micro_steps)
             try:
                 with process.distribution.scope():  # multi-worker: the model pins no strategy
                     history = model.fit(
