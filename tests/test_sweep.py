@@ -1327,3 +1327,21 @@ def test_every_method_option_is_a_sweep_flag_that_reaches_the_methods_runs():
     nf = runner.config(settings, ("nf", 10, 32, 0.1, 0, protocol.FINAL))
     skip = runner.config(settings, ("skipinit", 10, 32, 0.1, 0, protocol.FINAL))
     assert (nf.nf_beta, nf.alpha_init, skip.alpha_init, skip.nf_beta) == (0.4, None, "one", None)
+
+
+def test_every_sweep_flag_that_is_a_setting_reaches_its_runs_over_the_methods_own():
+    """Issue 88.4: the sweep's runs take every train.py setting it has a flag for as given (no hand-kept list
+    of names: --l2, --mixup_alpha, --init_from, --freeze_backbone were one), over the method's own settings
+    (the preset's alpha_init='zero' for SkipInit); a run's own values (depth, rate, batch, seed, model_dir)
+    over both."""
+    from keras_skipinit import spec
+    settings = sweep.parse_args(["--methods=skipinit", "--depths=10", "--l2=1e-4", "--mixup_alpha=0.2",
+                                 "--eval_batch_size=64", "--alpha_init=one", "--train_examples=500", "--epochs=2"])
+    run = runner.config(settings, ("skipinit", 10, 32, 0.125, 3, protocol.FINAL))
+    shared = {k for k in spec.FIELDS if getattr(settings, k, None) is not None} - {"batch_size", "mixed_precision"}
+    assert {k: getattr(run, k) for k in shared} == {k: getattr(settings, k) for k in shared}
+    assert (run.l2, run.mixup_alpha, run.eval_batch_size, run.alpha_init) == (1e-4, 0.2, 64, "one")
+    assert (run.depth, run.learning_rate, run.seed, run.batch_size) == (10, 0.125, 3, 32)
+    default = runner.config(sweep.parse_args(["--methods=skipinit", "--depths=10"]), ("skipinit", 10, 32, 0.1, 0,
+                                                                                     protocol.FINAL))
+    assert (default.alpha_init, default.l2, default.mixup_alpha) == ("zero", 5e-4, 0.0)  # the method's, train.py's

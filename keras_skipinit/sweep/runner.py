@@ -23,30 +23,21 @@ def config(settings, run):
     is accumulated from micro-batches of at most that size (SkipInit §3)."""
     from keras_skipinit.training import trainer
     key, depth, batch, lr, seed, phase = run
-    overrides = dict(METHOD_SETTINGS[key][1])
-    for option in norm_lib.METHODS[overrides["normalization"]].options:  # --bn_momentum, --ghost_batch_size, ...
-        if getattr(settings, option, None) is not None:
-            overrides[option] = getattr(settings, option)
-    for name in ("l2", "mixup_alpha", "init_from", "freeze_backbone"):  # train.py's unless set here
-        if getattr(settings, name, None) is not None:
-            overrides[name] = getattr(settings, name)
-    # The data section whole, as far as the sweep has its flags (the others: train.py's defaults); the held-out
-    # images only where a run chooses the learning rate.
-    data = {k: getattr(settings, k) for k in spec.SECTIONS["data"] if getattr(settings, k, None) is not None}
-    data["validation_examples"] = settings.validation_examples if phase == protocol.SELECT else None
+    method = dict(METHOD_SETTINGS[key][1])
+    not_its = set(norm_lib.OPTIONS) - set(norm_lib.METHODS[method["normalization"]].options)  # other methods' options
+    # Every setting the sweep has a flag for, as given (the others: the method's, else train.py's defaults); the
+    # held-out images only where a run chooses the learning rate.
+    given = {k: getattr(settings, k) for k in spec.FIELDS if k not in not_its and getattr(settings, k, None) is not None}
     micro = min(batch, settings.micro_batch_size or batch)
     name = f"{key}_d{depth}" + (f"_b{batch}" if settings.protocol == "batch_scaling" else "")
-    return trainer.Config(
-        model=settings.model, depth=depth, width=settings.width, learning_rate=lr, epochs=settings.epochs,
-        schedule=settings.schedule, batch_size=batch, accumulation_steps=batch // micro,
-        steps_per_epoch=settings.steps_per_epoch, seed=seed, verbose=0, **data,
-        mixed_precision=machine_lib.resolve_precision(settings.mixed_precision), xla=settings.xla,
-        loop_blocks=settings.loop_blocks, checkpoint_steps=settings.checkpoint_steps,
-        eval_batch_size=settings.eval_batch_size,
-        model_dir=os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
-                               + ("_final" if phase == protocol.FINAL else "")),
-        **overrides,
-    )
+    return trainer.Config(**{
+        **method, **given, "depth": depth, "learning_rate": lr, "batch_size": batch,
+        "accumulation_steps": batch // micro, "seed": seed, "verbose": 0,
+        "validation_examples": settings.validation_examples if phase == protocol.SELECT else None,
+        "mixed_precision": machine_lib.resolve_precision(settings.mixed_precision),
+        "model_dir": os.path.join(settings.runs_dir, f"{name}_lr{lr:.6g}_s{seed}"
+                                  + ("_final" if phase == protocol.FINAL else "")),
+    })
 
 
 def check_same_experiment(settings, done, path):

@@ -24,11 +24,10 @@ import sys
 
 import keras
 
-from keras_skipinit import machine, spec
+from keras_skipinit import machine
 from keras_skipinit.cli import startup
 
 BACKENDS = startup.TRAINING_BACKENDS
-STRATEGIES = spec.STRATEGIES
 
 
 def backend():
@@ -56,7 +55,7 @@ def current():
 
 
 def make(name):
-    """The distribution for strategy `name`, one of STRATEGIES (checked by `trainer.validate`)."""
+    """The distribution for strategy `name`, one of `spec.STRATEGIES` (checked by `trainer.validate`)."""
     return current().make(name)
 
 
