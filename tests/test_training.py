@@ -642,6 +642,29 @@ def test_a_signal_is_held_until_the_step_ends_a_repeat_is_one_event_and_a_second
 
 
 @pytest.mark.heavy
+@tf_only  # the run was fed by tf.data: its mid-epoch checkpoint resumes on TensorFlow
+def test_a_run_made_before_the_redesign_resumes_to_what_todays_code_trains_straight(tmp_path):
+    """Issue 88: old runs still resume. tests/data/run_044eebc is a run made by the code before the redesign
+    (044eebc; its make.py), killed right after its mid-epoch checkpoint (epoch 2, step 2 of 4; regularized
+    SkipInit: dropout's random state travels in it). Today's code resumes it from that step, and its final
+    weights, step count and history are those of the same run trained straight by today's code."""
+    kwargs = dict(epochs=2, steps_per_epoch=4, checkpoint_steps=2, schedule="cifar", learning_rate=0.05,
+                  normalization="regularized_skipinit")
+    old = tmp_path / "old" / "run"
+    shutil.copytree(os.path.join(ROOT, "tests", "data", "run_044eebc"), old, ignore=shutil.ignore_patterns("*.py"))
+    resumed = trainer.train(small_config(tmp_path / "old", **kwargs))
+    straight = trainer.train(small_config(tmp_path / "straight", **kwargs))
+    assert resumed["status"] == straight["status"] == "completed" and resumed["epochs_completed"] == 2
+    model = keras.models.load_model(os.path.join(old, run_dir.MODEL))
+    assert int(model.optimizer.iterations) == 8
+    for mine, theirs in zip(final_weights(old), final_weights(tmp_path / "straight" / "run")):
+        np.testing.assert_array_equal(mine, theirs)
+    rows = run_dir.read_history(str(old))
+    assert [row["epoch"] for row in rows] == [1, 2]
+    assert rows == run_dir.read_history(str(tmp_path / "straight" / "run"))
+
+
+@pytest.mark.heavy
 def test_a_run_killed_anywhere_resumes_to_what_the_run_never_stopped_records(tmp_path, monkeypatch, capsys):
     """Killed between the last epoch's checkpoint and its history row (issue
     45.1), right after a mid-epoch checkpoint, or after an earlier version's
