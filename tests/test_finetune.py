@@ -242,3 +242,20 @@ def test_imagenet_weights_need_imagenet_style_images():
     with pytest.raises(ValueError, match="my_images has 28x28x3 images \\(a folder's --image_size=224 makes them so"):
         preprocessing.choose("imagenet_tf", "my_images", (28, 28, 3))
     assert preprocessing.choose("imagenet_caffe", "my_images", (None, None, 3)) == "imagenet_caffe"
+
+
+def test_every_init_from_value_has_one_kind_of_source(tmp_path):
+    """--init_from's kinds of source are one table (`finetune.SOURCES`): each value is taken by the first
+    entry that takes it, a directory before a file's suffix; a value no kind takes is the same one line from
+    the check, the load and the records (no entry leaves a step undefined)."""
+    (tmp_path / "run.keras").mkdir()  # a directory named like a file: a model_dir
+    (tmp_path / "w.weights.h5").write_bytes(b"")
+    kinds = {value: finetune.source_for(value).kind for value in
+             (finetune.IMAGENET, str(tmp_path / "run.keras"), str(tmp_path / "w.weights.h5"), "m.keras", "m.h5")}
+    assert list(kinds.values()) == ["imagenet", "model_dir", "weights", ".keras", "none"]
+    nothing = finetune.source_for("m.h5")
+    assert finetune.preprocessing_note("m.h5", "standardize") is None and not nothing.record("m.h5").known
+    for step in (lambda: nothing.check(trainer.Config(init_from="m.h5"), "m.h5"),
+                 lambda: nothing.load("m.h5", None, None)):
+        with pytest.raises(ValueError, match="--init_from=m.h5: no such train.py model_dir, .keras or .weights.h5"):
+            step()

@@ -314,6 +314,16 @@ def test_a_folder_is_told_once_per_load_and_its_path_comes_with_its_data(tmp_pat
     dataset = data_lib.load("f", preprocessing_choice="mean_std")
     assert asked == ["f"] and dataset.folder == str(root)
     assert data_lib.load(data_lib.EMBEDDED).folder is None
+    (xtr, ytr), _ = digits.split()  # a folder of 28x28 gray digits read as 32x32x3 (`_rgb32`): its name says so too
+    for split in ("train", "test"):
+        for digit in (1, 7):
+            (tmp_path / "g" / split / str(digit)).mkdir(parents=True)
+            for i, image in enumerate(xtr[ytr == digit][:4]):
+                Image.fromarray(image[..., 0]).save(tmp_path / "g" / split / str(digit) / f"{i}.png")
+    rgb = data_lib.load("g_rgb32")
+    assert rgb.folder == str(tmp_path / "g") + data_lib.RGB32 and rgb.raw_shape == (32, 32, 3)
+    again = data_lib.load(rgb.folder)  # what export reads from model_spec.json's dataset_folder, from anywhere
+    assert (again.raw_shape, again.num_train) == (rgb.raw_shape, rgb.num_train)
 
 
 def test_mean_std_on_a_folder_uses_its_own_training_images_statistics(tmp_path):

@@ -49,7 +49,7 @@ class Dataset:
     flip: bool
     eval_split: str = "test"  # what `test` holds: 'test', or 'validation' (held out of the training split)
     label_names: tuple = ()  # class names by label (TFDS's label feature; digits for the embedded default)
-    folder: str = None  # a folder of images' absolute path (recorded for export: issue 91.21); None for other sources
+    folder: str = None  # a folder's name from anywhere: its absolute path (`_rgb32` kept; export: issue 91.21)
 
     @functools.cached_property
     def prep(self):
@@ -186,7 +186,8 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """One kind of data: `matches(request)`, is the name of its kind; `read(request)`, its `Dataset`."""
+    """One kind of data: `matches(request)`, is the name of its kind; `read(request)`, its `Dataset`. The kind
+    "folder" computes mean_std statistics from its own training images (`load`)."""
     kind: str
     matches: object
     read: object
@@ -202,9 +203,6 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     last N held out and evaluated on instead of the test split (`train_examples` then counts the rest).
     `preprocessing_choice`: None (the images' own: `preprocessing.for_images`), 'standardize' or 'mean_std'
     (`preprocessing.choose`; a folder's statistics are its own training images')."""
-    for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-            raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
     gray = name[: -len(RGB32)] if name.endswith(RGB32) else None
     request = Request(gray or name, data_dir, manual_dir, train_examples, validation_examples or 0, folder or {})
     source = next(source for source in SOURCES if source.matches(request))
@@ -212,6 +210,9 @@ def load(name, data_dir=None, manual_dir=None, train_examples=None, validation_e
     if preprocessing_choice is not None:  # a bad choice fails before the data is read (stand-in statistics)
         preprocessing.choose(preprocessing_choice, name, (1, 1, 1) if preprocessing_choice in preprocessing.CHOICES
                              else (None, None, 3), stats=(lambda: ((0.0,), (1.0,))) if own_stats else None)
+    for arg, value in (("train_examples", train_examples), ("validation_examples", validation_examples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{arg} must be a positive int or None, got {value!r}.")
     dataset = source.read(request)
     if gray is not None:
         dataset = _as_rgb32(dataset, name)
@@ -305,7 +306,8 @@ def _as_rgb32(dataset, name):
 
         train, test = (split.map(one) for split in (dataset.train, dataset.test))
     return dataclasses.replace(dataset, name=name, train=train, test=test, raw_shape=(32, 32, 3),
-                               preprocessing=preprocessing.for_images((32, 32, 3)))
+                               preprocessing=preprocessing.for_images((32, 32, 3)),
+                               folder=dataset.folder and dataset.folder + RGB32)  # names the same view anywhere
 
 
 def _check_classification(builder):

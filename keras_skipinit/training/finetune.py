@@ -347,7 +347,8 @@ SOURCES = (  # the first that takes a path is its kind
     Source("weights", lambda path: path.endswith(WEIGHTS), _a_file, _weights_file,
            lambda path: Record({}, known=False)),
     Source(".keras", lambda path: path.endswith(".keras"), _a_file, _keras_file, _keras_record),
-    Source("none", lambda path: True, _nothing, None, None),
+    Source("none", lambda path: True, _nothing, lambda path, *_: _nothing(None, path),
+           lambda path: Record({}, known=False)),
 )
 
 

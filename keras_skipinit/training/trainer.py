@@ -297,7 +297,7 @@ def _epoch_loop(config, process, data, model, begun, records, eval_ds, eval_step
 
     def save(epoch, step, partial_logs=None):
         process.checkpoint.save(model, epoch, step, history=rows, partial_logs=partial_logs,
-                              wall_time_s=records.earlier_s + time.time() - process.start, feed=data.feed.name)
+                                wall_time_s=records.earlier_s + time.time() - process.start, feed=data.feed.name)
 
     verbose = config.verbose if config.verbose is not None else (1 if sys.stdout.isatty() else 2)
     verbose = verbose if chief else 0
