@@ -277,6 +277,10 @@ def test_train_py_on_jax_learns_and_its_export_serves_the_same_predictions(tmp_p
     served = tf.saved_model.load(results["export_path"]).signatures["serving_default"]
     np.testing.assert_allclose(served(images=tf.constant(images))["probabilities"],
                                np.load(tmp_path / "jax_probabilities.npy"), atol=1e-5)
+    # python -m export asked on JAX runs on TensorFlow, and says once that Keras loads (twice before: on each)
+    proc = run_jax(["-m", "export", f"--source={tmp_path}/run", f"--base_path={tmp_path}/again"])
+    assert proc.returncode == 0 and proc.stdout.count("Loading Keras on ") == 1, proc.stdout + proc.stderr[-3000:]
+    assert "Loading Keras on tensorflow" in proc.stdout
 
 
 SAME_STEPS = r"""

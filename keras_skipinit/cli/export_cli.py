@@ -217,9 +217,11 @@ def run():
     from keras_skipinit.cli import startup
     args = parsing.start(parsing.program("export"), f"{__name__}:parse", keras=False)
     parsing.exit_without_tensorflow("export")  # SavedModels are TensorFlow graphs
+    if startup.requested_backend() != "tensorflow":  # before Keras loads (it said so twice, on each backend)
+        parsing.rerun_on_tensorflow()
     startup.load_keras()
     import keras
 
-    if keras.backend.backend() != "tensorflow":
+    if keras.backend.backend() != "tensorflow":  # a backend chosen otherwise than KERAS_BACKEND and keras.json
         parsing.rerun_on_tensorflow()
     sys.exit(main(args))
