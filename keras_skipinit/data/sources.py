@@ -230,8 +230,9 @@ def _read_folder(request):
               f"{read.skipped[0]}", flush=True)
     dataset = _in_memory(request.name, read.train, read.test, request.train_examples, request.held_out, flip=True,
                          label_names=read.classes)
+    held_out = request.held_out or read.eval_split != "test"  # read.eval_split: a folder of class folders alone
     return dataclasses.replace(dataset, folder=os.path.abspath(os.path.expanduser(request.name)),
-                               eval_split=dataset.eval_split if request.held_out or read.eval_split == "test" else "validation")
+                               eval_split="validation" if held_out else "test")
 
 
 def _read_embedded(request):

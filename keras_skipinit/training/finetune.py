@@ -49,12 +49,9 @@ def check(config):
             raise ValueError(f"--init_from={path} is this run's own --model_dir{' (or in it)' if own != source else ''}"
                              ": a run starts from another run's weights" + (
                                  ", and --restart would delete them first" if config.restart else ""))
-    source_for(path).check(config, path)
-
-
-def _check_same(config, path):
-    """A source that records its model's settings (`SAME`) recorded this run's."""
-    recorded = source_for(path).record(path).settings
+    kind = source_for(path)
+    kind.check(config, path)
+    recorded = kind.record(path).settings  # the model's settings (`SAME`) where the source records them
     differ = [f"--{k}={recorded.get(k)} there, {getattr(config, k)} here" for k in SAME
               if recorded.get(k, getattr(config, k)) != getattr(config, k)]
     if differ:
@@ -183,10 +180,12 @@ def load_into(model, path, rebuild, labels=None, keras_application=None):
     run's architecture with another class count (for a weights file);
     `labels`: this run's class names; `keras_application`: the
     keras.applications network whose ImageNet weights `path` "imagenet" names."""
+    from keras_skipinit.training import model_files
+
     kind = source_for(path)
     record = kind.record(path)
     source, description = kind.load(path, rebuild, keras_application)
-    their_labels = record.labels if record.labels and len(record.labels) == source.output_shape[-1] else None
+    their_labels = model_files.naming(record.labels, source.output_shape[-1])
     order = class_order(their_labels, labels, source.output_shape[-1], model.output_shape[-1])
     theirs = {layer.name: layer.get_weights() for layer in source.layers}
     body, head = [], []
@@ -314,13 +313,11 @@ def _no_spec(config, path):
 
     if not os.path.exists(os.path.join(path, run_dir.SPEC)):
         raise ValueError(f"--init_from={path} is not a train.py model_dir (no {run_dir.SPEC})")
-    _check_same(config, path)
 
 
 def _a_file(config, path):
     if not os.path.isfile(path):
         _nothing(config, path)
-    _check_same(config, path)
 
 
 def _nothing(config, path):

@@ -53,6 +53,11 @@ def recorded_labels(source, classes):
         labels = run_dir.read_spec(source).get("labels")
     else:
         labels = (keras_metadata(source) or {}).get("labels")
+    return naming(labels, classes)
+
+
+def naming(labels, classes):
+    """`labels` as a list where they name `classes` classes, else None."""
     return list(labels) if labels and len(labels) == classes else None
 
 
